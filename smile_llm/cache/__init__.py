@@ -1,0 +1,32 @@
+"""Paged KV cache: layout and sizing, the radix prefix tree, and the pool that owns pages and K/V buffers."""
+
+from .errors import (
+    KvCacheCorruptionError,
+    KvCacheExhaustedError,
+    NoActiveStepError,
+    PoolClosedError,
+    RequestOffloadedError,
+)
+from .layout import KvCacheLayout, SlotCount, StaticKvBudget, compute_static_kv_budget, slots_from_budget
+from .offload import OffloadedKv
+from .pool import KvCachePool
+from .radix import InsertResult, MatchResult, RadixCache, TreeNode
+
+__all__ = [
+    "InsertResult",
+    "KvCacheCorruptionError",
+    "KvCacheExhaustedError",
+    "KvCacheLayout",
+    "KvCachePool",
+    "MatchResult",
+    "NoActiveStepError",
+    "OffloadedKv",
+    "PoolClosedError",
+    "RadixCache",
+    "RequestOffloadedError",
+    "SlotCount",
+    "StaticKvBudget",
+    "TreeNode",
+    "compute_static_kv_budget",
+    "slots_from_budget",
+]

@@ -1,0 +1,176 @@
+"""Whole-pool audits: ``check_invariants`` and ``stats``. They read the pool's parts and change nothing.
+
+Invariants checked (the first broken one raises KvCacheCorruptionError naming the page or node):
+1. every page is claimed exactly once: by the free list, a live tree node, one binding's private pages, a caller
+   (``alloc``) or pool scratch; the owner table agrees with the claims, so the counts add up to ``num_pages``;
+2. tree values are whole pages in slot order, edges are page multiples, children are keyed by their first page;
+3. every binding's prefix pages are exactly what the tree maps its ``prefix_tokens`` to, its private pages are its
+   own, ``matched_len <= kv_len <= capacity``, and an offloaded binding holds no private page;
+4. each node's ``lock_ref`` equals the number of bindings whose locked path runs through it, the evictable and
+   protected sizes equal the unlocked and locked token counts, and the evictable-leaf set is exact;
+5. the active step lists bound, resident requests whose page tables match their bindings.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import KvCacheCorruptionError
+from .pages import NO_HOLDER, PageOwner
+
+if TYPE_CHECKING:
+    from .pool import KvCachePool
+
+UNCLAIMED = -1
+
+
+class _Claims:
+    def __init__(self, num_pages: int) -> None:
+        self.owner = np.full(num_pages, UNCLAIMED, dtype=np.int64)
+        self.holder = np.full(num_pages, NO_HOLDER, dtype=np.int64)
+        self.claim_id = np.full(num_pages, UNCLAIMED, dtype=np.int64)  # index into names
+        self.names: list[str] = []
+
+    def what(self, page: int) -> str:
+        return self.names[int(self.claim_id[page])]
+
+    def claim(self, pages: np.ndarray, owner: PageOwner, what: str, holder: int = NO_HOLDER) -> None:
+        n = len(self.owner)
+        out = pages[(pages < 0) | (pages >= n)]
+        if len(out):
+            raise KvCacheCorruptionError(f"page {int(out[0])} of {what} is outside the pool's {n} pages")
+        uniq, counts = np.unique(pages, return_counts=True)
+        if (counts > 1).any():
+            raise KvCacheCorruptionError(f"page {int(uniq[counts > 1][0])} appears twice in {what}")
+        taken = pages[self.owner[pages] != UNCLAIMED]
+        if len(taken):
+            p = int(taken[0])
+            raise KvCacheCorruptionError(f"page {p} is claimed by both {self.what(p)} and {what}")
+        self.owner[pages] = owner
+        self.holder[pages] = holder
+        self.claim_id[pages] = len(self.names)
+        self.names.append(what)
+
+
+def _fail(msg: str) -> None:
+    raise KvCacheCorruptionError(msg)
+
+
+def check_invariants(pool: KvCachePool) -> None:
+    ps = pool.page_size
+    pages, radix, table, step = pool._pages, pool._radix, pool._table, pool._step
+    claims = _Claims(pages.num_pages)
+    claims.claim(pages.free_list(), PageOwner.FREE, "the free list")
+
+    # 2. tree structure and tree-owned pages
+    nodes = list(radix.nodes())
+    for node in nodes:
+        if node.value is None or len(node.value) != len(node.key) or len(node.key) == 0 or len(node.key) % ps:
+            _fail(f"{node!r} has a bad edge: {len(node.key)} tokens, value "
+                  f"{None if node.value is None else len(node.value)} (page_size {ps})")
+        groups = node.value.reshape(-1, ps)
+        node_pages = groups[:, 0] // ps
+        if not np.array_equal(groups, node_pages[:, None] * ps + np.arange(ps)):
+            _fail(f"{node!r} holds slots that are not whole pages in order: {node.value[:2 * ps].tolist()}")
+        parent = node.parent
+        if parent is None or parent.children.get(radix._child_key(node.extra_key, node.key, 0)) is not node:
+            _fail(f"{node!r} is not registered under its parent by its first page")
+        claims.claim(node_pages, PageOwner.TREE, f"tree node {node.id}")
+
+    # 3. bindings
+    locks: Counter[int] = Counter()
+    for b in table:
+        if b.capacity != len(b.page_ids) * ps or b.matched_len % ps or b.matched_len > b.capacity:
+            _fail(f"request {b.request_id}: capacity {b.capacity}, matched {b.matched_len}, "
+                  f"{len(b.page_ids)} pages do not agree (page_size {ps})")
+        kv_len = table.kv_len_of(b)
+        if not b.matched_len <= kv_len <= b.capacity:
+            _fail(f"request {b.request_id}: kv_len {kv_len} outside [matched {b.matched_len}, capacity {b.capacity}]")
+        prefix = b.page_ids[: b.matched_len // ps]
+        segments = radix.peek_prefix(b.prefix_tokens)
+        tree_slots = np.concatenate([s.node.value[: s.matched] for s in segments]) if segments else np.zeros(0, np.int64)
+        if sum(s.matched for s in segments) != b.matched_len or not np.array_equal(tree_slots[::ps] // ps, prefix):
+            _fail(f"request {b.request_id}: its {len(prefix)} prefix pages are not what the tree maps its prefix to")
+        private = b.private_pages(ps)
+        if b.offload is not None:
+            if (private != -1).any():
+                _fail(f"request {b.request_id} is offloaded but still holds page {int(private[private != -1][0])}")
+        else:
+            claims.claim(private, PageOwner.PRIVATE, f"request {b.request_id}", b.request_id)
+        node = b.locked_node
+        if (node is None) != (b.matched_len == 0):
+            _fail(f"request {b.request_id}: matched {b.matched_len} tokens but locked node is {node!r}")
+        while node is not None and node is not radix.root:
+            locks[node.id] += 1
+            node = node.parent
+
+    # 1. caller and scratch pages are recorded only in the owner table
+    for owner in (PageOwner.CALLER, PageOwner.SCRATCH):
+        loose = np.flatnonzero((pages.owner == owner) & (claims.owner == UNCLAIMED))
+        claims.claim(loose, owner, owner.name.lower())
+    unclaimed = np.flatnonzero(claims.owner == UNCLAIMED)
+    if len(unclaimed):
+        p = int(unclaimed[0])
+        _fail(f"page {p} is marked {PageOwner(int(pages.owner[p])).name.lower()} but nobody holds it (leaked)")
+    wrong = np.flatnonzero((claims.owner != pages.owner) | (claims.holder != pages.holder))
+    if len(wrong):
+        p = int(wrong[0])
+        _fail(f"page {p} is held by {claims.what(p)} but the owner table says "
+              f"{PageOwner(int(pages.owner[p])).name.lower()} (holder {int(pages.holder[p])})")
+
+    # 4. locks and sizes
+    evictable = protected = 0
+    leaves = set()
+    for node in nodes:
+        if node.lock_ref != locks[node.id]:
+            _fail(f"{node!r} has lock_ref {node.lock_ref} but {locks[node.id]} bindings lock it")
+        if node.lock_ref:
+            protected += len(node.key)
+        else:
+            evictable += len(node.key)
+            if not node.children:
+                leaves.add(node)
+    if (evictable, protected) != (radix.evictable_size, radix.protected_size):
+        _fail(f"tree sizes say evictable {radix.evictable_size}, protected {radix.protected_size}; nodes hold "
+              f"{evictable} unlocked and {protected} locked tokens")
+    if leaves != radix._evictable_leaves:
+        odd = next(iter(leaves ^ radix._evictable_leaves))
+        _fail(f"{odd!r} is wrongly {'missing from' if odd in leaves else 'in'} the evictable-leaf set")
+
+    # 5. active step
+    if step is not None:
+        for sb in step.bindings:
+            b = table.get(sb.request_id)
+            if b is not sb or b.offload is not None:
+                _fail(f"active step row {sb.request_id} is unbound or offloaded")
+            row = step.ids.index(sb.request_id)
+            if not np.array_equal(step.page_table[row, : len(b.page_ids)], b.page_ids):
+                _fail(f"active step row {sb.request_id} has a stale page table")
+
+
+def stats(pool: KvCachePool) -> dict[str, Any]:
+    pages, radix, table = pool._pages, pool._radix, pool._table
+    prompt, match = pool.prefix_prompt_tokens, pool.prefix_match_tokens
+    return {
+        "num_pages": pages.num_pages,
+        "page_size": pool.page_size,
+        "free_pages": pages.free_pages,
+        "tree_pages": pages.count(PageOwner.TREE),
+        "private_pages": pages.count(PageOwner.PRIVATE),
+        "caller_pages": pages.count(PageOwner.CALLER),
+        "scratch_pages": pages.count(PageOwner.SCRATCH),
+        "bound_requests": len(table),
+        "offloaded_requests": sum(1 for b in table if b.offload is not None),
+        "active_batch": pool._step.batch if pool._step is not None else 0,
+        "cached_tokens": radix.total_size(),
+        "evictable_tokens": radix.evictable_size,
+        "protected_tokens": radix.protected_size,
+        "prefix_prompt_tokens": prompt,
+        "prefix_match_tokens": match,
+        "prefix_insert_tokens": pool.prefix_insert_tokens,
+        "prefix_evict_tokens": pool.prefix_evict_tokens,
+        "prefix_hit_rate": match / prompt if prompt else 0.0,
+    }

@@ -1,0 +1,128 @@
+"""KvStore: the static K and V buffers and every byte that moves in or out of them.
+
+Buffers are ``[num_layers, num_slots, Hkv, D]`` in the storage dtype; one layer viewed as
+``[num_pages, page_size, Hkv, D]`` is FlashInfer's NHD paged layout. FP8 storage keeps fixed per-pool scales:
+``put`` stores ``x / scale`` (saturated to the format's finite range) and reads return ``stored * scale`` in the
+compute dtype. Index writes into FP8 buffers go through a ``uint8`` view (CPU torch has no float8 ``index_copy_``).
+The store knows nothing of requests or pages' owners; the pool hands it slot and page ids.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FILL_MODES = ("none", "zero", "poison")
+
+
+def compute_dtype_for(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype reads come back in: the storage dtype for float types; for FP8 bfloat16 on CUDA, float32 else."""
+    if dtype in FP8_DTYPES:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return dtype
+
+
+class KvStore:
+    """Owns ``key_cache``/``value_cache``. Callers pass validated int64 index tensors on the store's device."""
+
+    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, page_size: int,
+                 device: torch.device, dtype: torch.dtype, k_scale: float, v_scale: float) -> None:
+        if dtype not in FLOAT_DTYPES + FP8_DTYPES:
+            raise ValueError(
+                f"KV dtype {dtype} is not supported; use one of {[str(d) for d in FLOAT_DTYPES + FP8_DTYPES]}"
+            )
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = device
+        self.is_fp8 = dtype in FP8_DTYPES
+        self.compute_dtype = compute_dtype_for(dtype, device)
+        self.k_scale = float(k_scale)
+        self.v_scale = float(v_scale)
+        shape = (num_layers, num_slots, num_kv_heads, head_dim)
+        self.key_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.value_cache = torch.zeros(shape, dtype=dtype, device=device)
+        # Byte views used for index writes and page copies (same storage).
+        self._k_raw = self.key_cache.view(torch.uint8) if self.is_fp8 else self.key_cache
+        self._v_raw = self.value_cache.view(torch.uint8) if self.is_fp8 else self.value_cache
+        self._fp8_max = float(torch.finfo(dtype).max) if self.is_fp8 else 0.0
+        self.page_bytes = page_size * num_kv_heads * head_dim * self.key_cache.element_size()
+
+    # ------------------------------------------------------------------ token-level
+    def _encode(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        if not self.is_fp8:
+            return x if x.dtype == self.dtype else x.to(self.dtype)
+        y = x.to(torch.float32)
+        if scale != 1.0:
+            y = y / scale
+        return y.clamp_(-self._fp8_max, self._fp8_max).to(self.dtype).view(torch.uint8)
+
+    def _decode(self, raw: torch.Tensor, scale: float) -> torch.Tensor:
+        if not self.is_fp8:
+            return raw if raw.dtype == self.compute_dtype else raw.to(self.compute_dtype)
+        y = raw.view(self.dtype).to(self.compute_dtype)
+        return y * scale if scale != 1.0 else y
+
+    def write(self, layer: int, slot_idx: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """``k``/``v`` are ``[N, Hkv, D]``; row i goes to slot ``slot_idx[i]`` of ``layer``."""
+        self._k_raw[layer].index_copy_(0, slot_idx, self._encode(k, self.k_scale))
+        self._v_raw[layer].index_copy_(0, slot_idx, self._encode(v, self.v_scale))
+
+    def read(self, layer: int, slot_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[N, Hkv, D]`` gathers of K and V at ``slot_idx`` in the compute dtype."""
+        k = self._decode(self._k_raw[layer].index_select(0, slot_idx), self.k_scale)
+        v = self._decode(self._v_raw[layer].index_select(0, slot_idx), self.v_scale)
+        return k, v
+
+    # ------------------------------------------------------------------ page-level
+    def page_slots(self, page_ids: torch.Tensor) -> torch.Tensor:
+        """int64 slot ids of ``page_ids``, page by page."""
+        offsets = torch.arange(self.page_size, device=page_ids.device)
+        return (page_ids[:, None] * self.page_size + offsets).reshape(-1)
+
+    def fill_pages(self, page_ids: torch.Tensor, mode: str) -> None:
+        """Fill every layer's K and V of ``page_ids``: ``"zero"`` with 0, ``"poison"`` with NaN (all-ones bytes
+        for FP8, a NaN pattern in both formats); ``"none"`` leaves them."""
+        if mode == "none" or len(page_ids) == 0:
+            return
+        slots = self.page_slots(page_ids)
+        if mode == "zero":
+            self._k_raw.index_fill_(1, slots, 0)
+            self._v_raw.index_fill_(1, slots, 0)
+        elif self.is_fp8:
+            self._k_raw.index_fill_(1, slots, 0xFF)
+            self._v_raw.index_fill_(1, slots, 0xFF)
+        else:
+            self._k_raw.index_fill_(1, slots, float("nan"))
+            self._v_raw.index_fill_(1, slots, float("nan"))
+
+    def copy_pages_out(self, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw contents of ``page_ids`` on every layer, as host tensors ``[L, n*page_size, Hkv, D]``."""
+        slots = self.page_slots(page_ids)
+        return self._k_raw.index_select(1, slots).cpu(), self._v_raw.index_select(1, slots).cpu()
+
+    def copy_pages_in(self, page_ids: torch.Tensor, k_raw: torch.Tensor, v_raw: torch.Tensor) -> None:
+        """Write raw contents from ``copy_pages_out`` into ``page_ids`` (byte-identical)."""
+        slots = self.page_slots(page_ids)
+        self._k_raw.index_copy_(1, slots, k_raw.to(self.device))
+        self._v_raw.index_copy_(1, slots, v_raw.to(self.device))
+
+    def read_page(self, layer: int, page: int) -> tuple[bytes, bytes]:
+        ps = self.page_size
+        k = self.key_cache[layer, page * ps : (page + 1) * ps].contiguous().cpu().view(torch.uint8)
+        v = self.value_cache[layer, page * ps : (page + 1) * ps].contiguous().cpu().view(torch.uint8)
+        return k.numpy().tobytes(), v.numpy().tobytes()
+
+    def write_page(self, layer: int, page: int, k_bytes: torch.Tensor, v_bytes: torch.Tensor) -> None:
+        """``k_bytes``/``v_bytes`` are uint8 tensors of exactly ``page_bytes`` each (checked by the pool)."""
+        ps = self.page_size
+        shape = self.key_cache.shape[2:]
+        for cache, data in ((self.key_cache, k_bytes), (self.value_cache, v_bytes)):
+            page_view = cache[layer, page * ps : (page + 1) * ps]
+            page_view.copy_(data.to(self.device).view(cache.dtype).view(ps, *shape))
+
+    def release(self) -> None:
+        """Drop the buffers (``close``)."""
+        empty = torch.zeros(0, dtype=self.dtype, device=self.device)
+        self.key_cache = self.value_cache = empty
+        self._k_raw = self._v_raw = empty

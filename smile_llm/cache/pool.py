@@ -1,0 +1,702 @@
+"""KvCachePool: the one owner of pages and K/V buffers; binding verbs; put/get.
+
+The pool composes a :class:`PageAllocator` (who owns each page, FIFO free list), a :class:`RadixCache` (a pure
+prefix index), a :class:`BindingTable` (one record per bound request) and a :class:`KvStore` (the buffers). It is
+the only place pages change owner. Every public call runs under one lock and is transactional: it validates and
+plans first, and raises before it changes anything.
+
+Page regions of one bound request (``page_size`` = ps, positions in tokens)::
+
+    [0, matched_len)           tree-owned pages, locked; never written (put below matched_len raises)
+    [matched_len, capacity)    private pages; [matched_len, kv_len) holds written KV
+    finish inserts             floor_page(min(len(sequence), kv_len)) tokens; the rest is freed
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from .. import env
+from . import audit, factories
+from .bindings import Binding, BindingTable
+from .checks import as_int, as_positions, same_device
+from .errors import KvCacheExhaustedError, NoActiveStepError, PoolClosedError, RequestOffloadedError
+from .kv_store import FILL_MODES, KvStore
+from .layout import ceil_page, floor_page
+from .offload import OffloadedKv
+from .pages import NO_HOLDER, PageAllocator, PageOwner
+from .radix import PathSegment, RadixCache
+from .step import ActiveStep
+from .tokens import EMPTY, as_int_array
+
+F = TypeVar("F", bound=Callable[..., Any])
+PREFIX_NAMESPACE: Hashable = None  # the pool's radix namespace
+
+
+def _locked(method: F) -> F:
+    @functools.wraps(method)
+    def wrapper(self: KvCachePool, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            if self._closed:
+                raise PoolClosedError(f"KvCachePool.{method.__name__}: the pool is closed; create a new pool")
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+class KvCachePool:
+    """Static paged K/V pool with an embedded radix prefix cache. See ``API.md`` section 3 for the contract."""
+
+    DEFAULT_PAGE_SIZE = 16
+
+    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int, page_size: int = 16,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *, k_scale: float = 1.0,
+                 v_scale: float = 1.0, zero_rejected_kv: bool | None = None, fresh_page_fill: str = "none") -> None:
+        for name, value in (("num_layers", num_layers), ("num_slots", num_slots), ("num_kv_heads", num_kv_heads),
+                            ("head_dim", head_dim), ("page_size", page_size)):
+            as_int(value, name, minimum=1)
+        if num_slots % page_size:
+            raise ValueError(f"num_slots {num_slots} must be a multiple of page_size {page_size}; "
+                             f"use {floor_page(num_slots, page_size) or page_size}")
+        if fresh_page_fill not in FILL_MODES:
+            raise ValueError(f"fresh_page_fill must be one of {FILL_MODES}, got {fresh_page_fill!r}")
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+                raise ValueError(f"{name} must be a finite float > 0, got {scale!r}")
+        self.num_layers, self.num_slots = int(num_layers), int(num_slots)
+        self.num_kv_heads, self.head_dim, self.page_size = int(num_kv_heads), int(head_dim), int(page_size)
+        self.device = torch.device(device)
+        self.fresh_page_fill = fresh_page_fill
+        self.zero_rejected_kv = env.zero_rejected_kv() if zero_rejected_kv is None else bool(zero_rejected_kv)
+        self._kv = KvStore(self.num_layers, self.num_slots, self.num_kv_heads, self.head_dim, self.page_size,
+                           self.device, dtype, k_scale, v_scale)
+        self._pages = PageAllocator(self.num_slots // self.page_size)
+        self._radix = RadixCache(self.page_size)
+        self._table = BindingTable()
+        self._step: ActiveStep | None = None
+        self._lock = threading.RLock()
+        self._closed = False
+        self._prefix_reuse = True
+        self.prefix_prompt_tokens = 0
+        self.prefix_match_tokens = 0
+        self.prefix_insert_tokens = 0
+        self.prefix_evict_tokens = 0
+
+    # ------------------------------------------------------------------ factories (API.md section 1 and 3)
+    allocate = classmethod(factories.allocate)
+    for_testing = classmethod(factories.for_testing)
+    for_mtp = classmethod(factories.for_mtp)
+    for_mtp_history = classmethod(factories.for_mtp_history)
+
+    # ------------------------------------------------------------------ read-only properties
+    dtype = property(lambda self: self._kv.dtype)
+    compute_dtype = property(lambda self: self._kv.compute_dtype)
+    k_scale = property(lambda self: self._kv.k_scale)
+    v_scale = property(lambda self: self._kv.v_scale)
+    kv_is_compute_dtype = property(lambda self: self._kv.dtype == self._kv.compute_dtype)
+    closed = property(lambda self: self._closed)
+
+    @property
+    def radix(self) -> RadixCache:
+        """The embedded tree, for inspection only: mutate it through the pool (evicting directly leaks pages)."""
+        return self._radix
+
+    @property
+    @_locked
+    def key_cache(self) -> torch.Tensor:
+        return self._kv.key_cache
+
+    @property
+    @_locked
+    def value_cache(self) -> torch.Tensor:
+        return self._kv.value_cache
+
+    @property
+    @_locked
+    def free_pages(self) -> int:
+        return self._pages.free_pages
+
+    @property
+    def free_slots(self) -> int:
+        return self.free_pages * self.page_size
+
+    @property
+    @_locked
+    def request_capacity(self) -> int:
+        """Smallest capacity among the active rows (0 when no step is active)."""
+        return self._step.min_capacity if self._step is not None else 0
+
+    @property
+    @_locked
+    def bound_request_count(self) -> int:
+        return len(self._table)
+
+    @property
+    def prefix_reuse_enabled(self) -> bool:
+        return self._prefix_reuse
+
+    @prefix_reuse_enabled.setter
+    def prefix_reuse_enabled(self, enabled: bool) -> None:
+        with self._lock:
+            self._prefix_reuse = bool(enabled)
+
+    # ------------------------------------------------------------------ planning helpers (change nothing)
+    def _capacity_pages(self, total_capacity: Any) -> int:
+        return ceil_page(as_int(total_capacity, "total_capacity", minimum=1), self.page_size) // self.page_size
+
+    def _plan(self, prompt: np.ndarray, release: Sequence[Binding]) -> tuple[list[PathSegment], int, int]:
+        """Would-be match of ``prompt`` and the pages obtainable after releasing ``release`` and locking that
+        match: ``(segments, matched_len, available_pages)``. Fix: the match never covers the last prompt token."""
+        segments: list[PathSegment] = []
+        if self._prefix_reuse and len(prompt) > 1:
+            cap = floor_page(len(prompt) - 1, self.page_size)
+            segments = self._radix.peek_prefix(prompt[:cap], PREFIX_NAMESPACE)
+        matched = sum(seg.matched for seg in segments)
+        freed = sum(len(b.private_pages(self.page_size)) for b in release if b.offload is None)
+        evictable = self._radix.evictable_size_if([b.locked_node for b in release], segments)
+        return segments, matched, self._pages.free_pages + freed + evictable // self.page_size
+
+    def _available_pages(self) -> int:
+        return self._pages.free_pages + self._radix.evictable_size // self.page_size
+
+    # ------------------------------------------------------------------ committing helpers
+    def _ensure_free_pages(self, n: int) -> None:
+        """Evict unlocked tree pages (LRU) only as far as needed for ``n`` free pages. Callers planned it."""
+        short = n - self._pages.free_pages
+        if short > 0:
+            self._evict_tokens(short * self.page_size)
+        assert self._pages.free_pages >= n, "bind planning disagreed with eviction"
+
+    def _evict_tokens(self, num_tokens: int) -> int:
+        slots = self._radix.evict(num_tokens)
+        pages = slots[:: self.page_size] // self.page_size
+        self._pages.release(pages)
+        self.prefix_evict_tokens += len(slots)
+        return len(slots)
+
+    def _take(self, n: int, owner: PageOwner, holder: int = NO_HOLDER) -> np.ndarray:
+        self._ensure_free_pages(n)
+        pages = self._pages.take(n, owner, holder)
+        self._kv.fill_pages(torch.from_numpy(pages).to(self.device), self.fresh_page_fill)
+        return pages
+
+    def _bind(self, prompt: np.ndarray, capacity_pages: int, matched: int, exclusive: bool,
+              release: Sequence[Binding]) -> Binding:
+        """Commit a planned bind: release ``release``, match and lock the prefix, take private pages."""
+        for b in release:
+            self._release(b)
+        node = None
+        if matched:
+            match = self._radix.match_prefix(prompt[:matched], PREFIX_NAMESPACE)
+            assert match.length == matched
+            node = match.last_node
+            self._radix.inc_lock_ref(node)
+            prefix_pages = match.indices[:: self.page_size] // self.page_size
+        else:
+            prefix_pages = EMPTY
+        if self._prefix_reuse:
+            self.prefix_prompt_tokens += len(prompt)
+            self.prefix_match_tokens += matched
+        private = self._take(capacity_pages - len(prefix_pages), PageOwner.PRIVATE, self._table.next_id)
+        return self._table.add(np.concatenate([prefix_pages, private]), capacity_pages * self.page_size, matched,
+                               prompt[:matched].copy(), node, exclusive)
+
+    def _release(self, b: Binding, insert_len: int = 0, sequence: np.ndarray | None = None) -> None:
+        """Unbind ``b``; with ``insert_len`` > matched, first insert ``sequence[:insert_len]`` into the tree and
+        keep the newly inserted pages there. Frees every other private page, unlocks the prefix."""
+        ps = self.page_size
+        if b.offload is None:
+            private = b.private_pages(ps)
+            keep_lo = keep_hi = 0  # private page range handed to the tree
+            if insert_len > b.matched_len and sequence is not None:
+                slots = (b.page_ids[: insert_len // ps, None] * ps + np.arange(ps)).reshape(-1)
+                result = self._radix.insert(sequence[:insert_len], slots, PREFIX_NAMESPACE)
+                assert result.prefix_len >= b.matched_len, "the locked prefix left the tree"
+                keep_lo = (result.prefix_len - b.matched_len) // ps
+                keep_hi = (insert_len - b.matched_len) // ps
+                self._pages.transfer(private[keep_lo:keep_hi], PageOwner.TREE)
+                self.prefix_insert_tokens += max(0, insert_len - result.prefix_len)
+            self._pages.release(np.concatenate([private[:keep_lo], private[keep_hi:]]))
+        self._radix.dec_lock_ref(b.locked_node)
+        self._table.remove(b)
+        if self._step is not None and b.request_id in self._step.ids:
+            self._clear_step()
+        b.offload = None
+
+    def _clear_step(self) -> None:
+        self._step = None
+
+    def _activate(self, bindings: list[Binding]) -> None:
+        if self._step is not None and self._step.ids == tuple(b.request_id for b in bindings):
+            return
+        self._clear_step()
+        self._step = ActiveStep(bindings, self.page_size, self.device)
+
+    def _require_step(self) -> ActiveStep:
+        if self._step is None:
+            raise NoActiveStepError("No request bound; call bind_request/activate_step or bind_with_prefix first")
+        return self._step
+
+    def _binding(self, request_id: Any) -> Binding:
+        b = self._table.get(request_id) if isinstance(request_id, (int, np.integer)) else None
+        if b is None:
+            raise ValueError(f"Unknown request id: {request_id!r}; bound ids are {[x.request_id for x in self._table]}")
+        return b
+
+    # ------------------------------------------------------------------ binding verbs (API.md 3.1)
+    @_locked
+    def bind_request(self, prompt_tokens: Any, total_capacity: int) -> int:
+        """Bind one request for continuous batching; returns its id (positive, never reused).
+
+        Releases bindings made by the exclusive verbs first, matches the prompt (capped below its last token),
+        locks the match and takes private pages for the page-aligned capacity, evicting unlocked tree pages only as
+        far as needed. Raises ValueError if the prompt is longer than ``total_capacity`` and KvCacheExhaustedError
+        if the full capacity cannot be had; either way nothing changes. The only binding becomes the active step."""
+        prompt = as_int_array(prompt_tokens, "prompt_tokens")
+        want = self._capacity_pages(total_capacity)
+        if len(prompt) > total_capacity:
+            raise ValueError(f"prompt of {len(prompt)} tokens is longer than total_capacity {total_capacity}")
+        release = [b for b in self._table if b.exclusive]
+        _, matched, available = self._plan(prompt, release)
+        need = want - matched // self.page_size
+        if need > available:
+            raise KvCacheExhaustedError(
+                f"bind_request needs {need} pages ({want * self.page_size} slots, {matched} matched) but only "
+                f"{available} are free or evictable; keep the request queued until others finish")
+        b = self._bind(prompt, want, matched, False, release)
+        if len(self._table) == 1:
+            self._activate([b])
+        return b.request_id
+
+    @_locked
+    def bind_with_prefix(self, prompt_tokens: Any, total_capacity: int) -> int:
+        """Exclusive batch-1 binding (``generate()``): releases every other binding, clamps the capacity to the
+        free plus evictable pages (read ``request_capacity``), binds, activates; returns the matched prefix length.
+        Raises ValueError, releasing nothing, if even the prompt does not fit."""
+        prompt = as_int_array(prompt_tokens, "prompt_tokens")
+        want = self._capacity_pages(total_capacity)
+        if len(prompt) > total_capacity:
+            raise ValueError(f"prompt of {len(prompt)} tokens is longer than total_capacity {total_capacity}")
+        release = list(self._table)
+        _, matched, available = self._plan(prompt, release)
+        pages = matched // self.page_size + min(want - matched // self.page_size, available)
+        if pages * self.page_size < max(1, len(prompt)):
+            raise ValueError(
+                f"Prompt length {len(prompt)} exceeds free KV capacity {pages * self.page_size} "
+                f"(prefix={matched}, pool={self.num_slots} slots); shorten the prompt or use a larger pool")
+        b = self._bind(prompt, pages, matched, True, release)
+        self._activate([b])
+        return matched
+
+    @_locked
+    def bind_requests(self, batch_size: int, capacity: int) -> list[int]:
+        """Exclusive batch of ``batch_size`` rows without prefix reuse, each clamped to the same page-aligned
+        capacity that fits; activates them. Raises KvCacheExhaustedError, releasing nothing, if a row cannot get
+        one page."""
+        batch = as_int(batch_size, "batch_size", minimum=1)
+        want = self._capacity_pages(capacity)
+        release = list(self._table)
+        _, _, available = self._plan(EMPTY, release)
+        per_row = min(want, available // batch)
+        if per_row < 1:
+            raise KvCacheExhaustedError(
+                f"KV cache exhausted: need at least {self.page_size} slots per request for batch {batch}, "
+                f"have {available * self.page_size} free or evictable; use a smaller batch")
+        for b in release:
+            self._release(b)
+        rows = [self._bind(EMPTY, per_row, 0, True, ()) for _ in range(batch)]
+        self._activate(rows)
+        return [b.request_id for b in rows]
+
+    @_locked
+    def finish_request(self, request_id: int, sequence_tokens: Any) -> None:
+        """Insert the request's written, page-aligned prefix ``sequence_tokens[:floor_page(min(len, kv_len))]``
+        into the tree, free duplicates and unused headroom, unlock, unbind. ``sequence_tokens=None`` (or reuse off,
+        or an offloaded request) unbinds without inserting. Unknown ids do nothing. Raises ValueError unless the
+        sequence starts with the request's matched prefix tokens."""
+        b = self._table.get(request_id) if isinstance(request_id, (int, np.integer)) else None
+        if b is None:
+            return
+        if sequence_tokens is None:
+            self._release(b)
+            return
+        seq = as_int_array(sequence_tokens, "sequence_tokens")
+        if len(seq) < b.matched_len or not np.array_equal(seq[: b.matched_len], b.prefix_tokens):
+            raise ValueError(
+                f"finish_request({b.request_id}): sequence_tokens must start with the {b.matched_len} matched "
+                f"prefix tokens of the request; pass the prompt followed by the generated tokens")
+        if b.offload is not None or not self._prefix_reuse:
+            self._release(b)
+            return
+        kv_len = self._table.kv_len_of(b)
+        self._release(b, floor_page(min(len(seq), kv_len), self.page_size), seq)
+
+    @_locked
+    def finish_exclusive(self, sequence_tokens: Any) -> None:
+        """Java ``finishRequest(int[])``: with one binding, ``finish_request`` on it; with none, nothing; with
+        several, release all without inserting."""
+        bindings = list(self._table)
+        if len(bindings) == 1:
+            self.finish_request(bindings[0].request_id, sequence_tokens)
+        else:
+            for b in bindings:
+                self._release(b)
+
+    @_locked
+    def unbind_request(self, request_id: int) -> None:
+        """Instant eviction: free the request's private pages, unlock its prefix, insert nothing. Unknown ids do
+        nothing."""
+        b = self._table.get(request_id) if isinstance(request_id, (int, np.integer)) else None
+        if b is not None:
+            self._release(b)
+
+    @_locked
+    def unbind_requests(self) -> None:
+        """Release every binding without inserting."""
+        for b in self._table:
+            self._release(b)
+
+    @_locked
+    def is_bound(self, request_id: int) -> bool:
+        return request_id in self._table
+
+    @_locked
+    def matched_prefix_len(self, request_id: int) -> int:
+        b = self._table.get(request_id) if isinstance(request_id, (int, np.integer)) else None
+        return b.matched_len if b is not None else 0
+
+    @_locked
+    def kv_len(self, request_id: int) -> int:
+        """End of the request's contiguous written KV. ValueError for an unknown id."""
+        return self._table.kv_len_of(self._binding(request_id))
+
+    @_locked
+    def activate_step(self, *request_ids: int) -> None:
+        """Select the batch (in order) that put/get/metadata/seal act on. The same cohort keeps the step's cached
+        state. Raises ValueError on no, unknown or duplicate ids and RequestOffloadedError on an offloaded one,
+        changing nothing."""
+        if len(request_ids) == 1 and isinstance(request_ids[0], (list, tuple, np.ndarray)):
+            request_ids = tuple(request_ids[0])
+        if not request_ids:
+            raise ValueError("activate_step needs at least one request id")
+        bindings = [self._binding(i) for i in request_ids]
+        if len({b.request_id for b in bindings}) != len(bindings):
+            raise ValueError(f"activate_step got duplicate ids: {list(request_ids)}")
+        for b in bindings:
+            if b.offload is not None:
+                raise RequestOffloadedError(
+                    f"request {b.request_id} is offloaded to host memory; restore_request it before activating")
+        self._activate(bindings)
+
+    @_locked
+    def ensure_request(self, batch_size: int, end_pos: int) -> None:
+        """Raise KvCacheExhaustedError unless the active step has ``batch_size`` rows, each with capacity
+        ``>= end_pos``."""
+        if self._step is None:
+            raise KvCacheExhaustedError("No request bound; call bind_request/activate_step or bind_with_prefix first")
+        if self._step.batch != batch_size:
+            raise KvCacheExhaustedError(
+                f"active step has {self._step.batch} rows, not {batch_size}; activate the batch first")
+        if end_pos > self._step.min_capacity:
+            raise KvCacheExhaustedError(
+                f"need end_pos={end_pos}, bound capacity={self._step.min_capacity} (pool does not grow)")
+
+    # ------------------------------------------------------------------ writing and reading KV (API.md 3.2)
+    def _check_layer(self, layer: Any) -> int:
+        return as_int(layer, "layer", minimum=0, maximum=self.num_layers - 1)
+
+    def _check_kv(self, k: Any, v: Any, batch: int) -> tuple[int, int]:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor [B, S, Hkv, D], got {type(t).__name__}")
+        if k.dim() != 4 or k.shape != v.shape or k.shape[0] != batch or k.shape[2:] != self._kv.key_cache.shape[2:]:
+            raise ValueError(
+                f"k and v must both be [B={batch}, S, Hkv={self.num_kv_heads}, D={self.head_dim}], got "
+                f"{tuple(k.shape)} and {tuple(v.shape)}")
+        if not (k.dtype.is_floating_point and v.dtype.is_floating_point):
+            raise ValueError(f"k and v must be floating point, got {k.dtype} and {v.dtype}")
+        if not (same_device(k.device, self.device) and same_device(v.device, self.device)):
+            raise ValueError(f"k and v must be on the pool's device {self.device}, got {k.device} and {v.device}")
+        return batch, k.shape[1]
+
+    @_locked
+    def put(self, layer: int, start_pos: Any, k: torch.Tensor, v: torch.Tensor,
+            slot_idx: torch.Tensor | None = None) -> None:
+        """Write positions ``[start, start + S)`` of every active row from ``k``/``v`` ``[B, S, Hkv, D]``
+        (cast to the pool dtype; FP8 stores ``x / scale``). A put at ``start <= kv_len`` raises ``kv_len`` to
+        ``start + S``. Raises KvCacheExhaustedError past a row's capacity and ValueError below its matched prefix or
+        for a wrong shape, dtype family or device; nothing is written then. ``slot_idx`` is an optional
+        precomputed ``int64[B*S]`` equal to ``window_slot_indices(start_pos, S)``."""
+        step = self._require_step()
+        layer = self._check_layer(layer)
+        batch, seqlen = self._check_kv(k, v, step.batch)
+        start = as_positions(start_pos, "start_pos", batch)
+        end = start + seqlen
+        if (end > step.capacity).any():
+            b = int(np.argmax(end > step.capacity))
+            raise KvCacheExhaustedError(
+                f"put row {b}: need end_pos={int(end[b])}, bound capacity={int(step.capacity[b])} "
+                f"(pool does not grow); stop at request_capacity")
+        if (start < step.matched).any():
+            b = int(np.argmax(start < step.matched))
+            raise ValueError(
+                f"put row {b} at start_pos={int(start[b])} is below its matched prefix ({int(step.matched[b])} "
+                f"tokens, owned by the prefix tree); write from the matched length on")
+        if slot_idx is None:
+            idx = step.index(start, seqlen)
+        else:
+            idx = self._check_slot_idx(slot_idx, batch * seqlen)
+        self._kv.write(layer, idx, k.reshape(batch * seqlen, *k.shape[2:]), v.reshape(batch * seqlen, *v.shape[2:]))
+        self._advance_kv_len(step, start, end)
+
+    def _advance_kv_len(self, step: ActiveStep, start: np.ndarray, end: np.ndarray) -> None:
+        kv = self._table.kv_len[step.rows]
+        self._table.kv_len[step.rows] = np.where(start <= kv, np.maximum(kv, end), kv)
+
+    def _check_slot_idx(self, slot_idx: Any, n: int) -> torch.Tensor:
+        if not isinstance(slot_idx, torch.Tensor) or slot_idx.dtype != torch.int64 or slot_idx.shape != (n,):
+            raise ValueError(f"slot_idx must be an int64 tensor of shape [{n}], got "
+                             f"{getattr(slot_idx, 'dtype', type(slot_idx).__name__)} {tuple(getattr(slot_idx, 'shape', ()))}")
+        if not same_device(slot_idx.device, self.device):
+            raise ValueError(f"slot_idx must be on the pool's device {self.device}, got {slot_idx.device}")
+        return slot_idx
+
+    @_locked
+    def get(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of positions ``[0, length)`` of every active row, ``[B, length, Hkv, D]`` in ``compute_dtype``.
+        ``length`` is at most the smallest active capacity (ValueError beyond)."""
+        step = self._require_step()
+        layer = self._check_layer(layer)
+        length = as_int(length, "length", minimum=0)
+        if length > step.min_capacity:
+            raise ValueError(f"KV read of length {length} exceeds bound request capacity {step.min_capacity}; "
+                             f"use get_padded for rows of different capacity")
+        return self._read(step, layer, step.index(np.zeros(step.batch, np.int64), length), length)
+
+    @_locked
+    def get_padded(self, layer: int, length: int, idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Like ``get`` for rows of different capacity: ``length`` up to the largest; positions past a row's
+        capacity repeat its last slot (mask them). ``idx`` is an optional precomputed ``int64[B*length]``."""
+        step = self._require_step()
+        layer = self._check_layer(layer)
+        length = as_int(length, "length", minimum=0)
+        if length > step.max_capacity:
+            raise ValueError(f"padded KV read of length {length} exceeds the largest active capacity "
+                             f"{step.max_capacity}")
+        if idx is None:
+            idx = step.index(np.zeros(step.batch, np.int64), length, clamp=True)
+        else:
+            idx = self._check_slot_idx(idx, step.batch * length)
+        return self._read(step, layer, idx, length)
+
+    def _read(self, step: ActiveStep, layer: int, idx: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self._kv.read(layer, idx)
+        shape = (step.batch, length, self.num_kv_heads, self.head_dim)
+        return k.view(shape), v.view(shape)
+
+    @_locked
+    def slot_indices(self, length: int) -> np.ndarray:
+        """Host ``int64[B*length]`` physical slots of positions ``[0, length)``, row-major."""
+        step = self._require_step()
+        length = as_int(length, "length", minimum=0)
+        if length > step.min_capacity:
+            raise ValueError(f"length {length} exceeds bound request capacity {step.min_capacity}")
+        return step.slots(np.zeros(step.batch, np.int64), length)
+
+    @_locked
+    def window_slot_indices(self, start_pos: Any, seqlen: int) -> np.ndarray:
+        """Host ``int64[B*seqlen]`` physical slots of positions ``[start, start + seqlen)`` per row, row-major
+        (the ``slot_idx`` a model precomputes once per step for ``put``)."""
+        step = self._require_step()
+        seqlen = as_int(seqlen, "seqlen", minimum=0)
+        start = as_positions(start_pos, "start_pos", step.batch)
+        end = start + seqlen
+        if (end > step.capacity).any():
+            b = int(np.argmax(end > step.capacity))
+            raise KvCacheExhaustedError(f"window row {b} ends at {int(end[b])}, past capacity "
+                                        f"{int(step.capacity[b])} (pool does not grow)")
+        return step.slots(start, seqlen)
+
+    @_locked
+    def key_layer(self, layer: int) -> torch.Tensor:
+        """View ``[num_slots, Hkv, D]`` of one layer's K (storage dtype)."""
+        return self._kv.key_cache[self._check_layer(layer)]
+
+    @_locked
+    def value_layer(self, layer: int) -> torch.Tensor:
+        """View ``[num_slots, Hkv, D]`` of one layer's V (storage dtype)."""
+        return self._kv.value_cache[self._check_layer(layer)]
+
+    @_locked
+    def set_kv_scales(self, k_scale: float, v_scale: float) -> None:
+        """Set the fixed FP8 scales. Only while nothing is stored (no bindings, empty tree, no caller pages):
+        RuntimeError otherwise, since stored values would be reinterpreted."""
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale)
+                    and scale > 0):
+                raise ValueError(f"{name} must be a finite float > 0, got {scale!r}")
+        if len(self._table) or self._radix.total_size() or self._pages.count(PageOwner.CALLER):
+            raise RuntimeError("set_kv_scales while KV is stored would rescale it; call it before binding, "
+                               "after unbind_requests() and with an empty prefix tree")
+        self._kv.k_scale, self._kv.v_scale = float(k_scale), float(v_scale)
+
+    # ------------------------------------------------------------------ caller-owned pages
+    @_locked
+    def alloc(self, num_tokens: int) -> np.ndarray:
+        """Page-aligned slot ids (``ceil_page(num_tokens)`` of them) owned by the caller, evicting from the tree
+        if needed. Raises KvCacheExhaustedError, changing nothing, if still short."""
+        n = ceil_page(as_int(num_tokens, "num_tokens", minimum=0), self.page_size) // self.page_size
+        if n > self._available_pages():
+            raise KvCacheExhaustedError(
+                f"KV cache OOM: need {n} pages, have {self._pages.free_pages} free and "
+                f"{self._radix.evictable_size // self.page_size} evictable; free pages or finish requests")
+        pages = self._take(n, PageOwner.CALLER)
+        return (pages[:, None] * self.page_size + np.arange(self.page_size)).reshape(-1)
+
+    @_locked
+    def free(self, slots: Any) -> None:
+        """Return caller-owned whole pages, given as their slots in order. Raises ValueError, freeing nothing,
+        for a partial page, a slot out of range, a page listed twice, or a page that is free, tree-owned or
+        private to a binding."""
+        arr = as_int_array(slots, "slots")
+        if len(arr) == 0:
+            return
+        ps = self.page_size
+        if len(arr) % ps:
+            raise ValueError(f"free() requires page-aligned slot count: got {len(arr)} slots, page_size {ps}")
+        if arr.max() >= self.num_slots:
+            raise ValueError(f"free() got slot {int(arr.max())}, past the pool's {self.num_slots} slots")
+        groups = arr.reshape(-1, ps)
+        pages = groups[:, 0] // ps
+        if not np.array_equal(groups, pages[:, None] * ps + np.arange(ps)):
+            raise ValueError("free() requires whole pages, each as its page_size slots in order (as alloc returned)")
+        if len(np.unique(pages)) != len(pages):
+            raise ValueError(f"free() lists a page twice: pages {pages.tolist()}")
+        bad = self._pages.misowned(pages, PageOwner.CALLER)
+        if len(bad):
+            owner = PageOwner(int(self._pages.owner[bad[0]])).name.lower()
+            raise ValueError(f"free() of page {int(bad[0])}, which is {owner}, not owned by the caller "
+                             f"(double free, or a page alloc() did not return)")
+        self._pages.release(pages)
+
+    @_locked
+    def evict(self, num_tokens: int) -> int:
+        """Evict at least ``num_tokens`` unlocked cached tokens (LRU, whole nodes) unless the tree runs out;
+        their pages return to the free list. Returns the tokens evicted."""
+        return self._evict_tokens(as_int(num_tokens, "num_tokens", minimum=0))
+
+    # ------------------------------------------------------------------ offload and restore (API.md 3.6)
+    @_locked
+    def offload_request(self, request_id: int) -> OffloadedKv:
+        """Move a bound request's private KV to host memory and free its pages. It stays bound (prefix locked)
+        but cannot be activated until ``restore_request``. Pages past its ``kv_len`` are not saved."""
+        b = self._binding(request_id)
+        if b.offload is not None:
+            raise RuntimeError(f"request {b.request_id} is already offloaded; restore_request it first")
+        ps = self.page_size
+        private = b.private_pages(ps)
+        saved = ceil_page(self._table.kv_len_of(b), ps) // ps - b.num_prefix_pages(ps)
+        k_raw, v_raw = self._kv.copy_pages_out(torch.from_numpy(private[:saved]).to(self.device))
+        handle = OffloadedKv(b.request_id, len(private), saved, k_raw, v_raw)
+        if self._step is not None and b.request_id in self._step.ids:
+            self._clear_step()
+        self._pages.release(private)
+        b.page_ids = b.page_ids.copy()
+        b.page_ids[b.num_prefix_pages(ps):] = -1
+        b.offload = handle
+        return handle
+
+    @_locked
+    def restore_request(self, request_id: int, handle: OffloadedKv) -> None:
+        """Bring an offloaded request's KV back, byte-identical, into whatever pages are free (evicting unlocked
+        tree pages as needed). Raises KvCacheExhaustedError, changing nothing, if the pages do not fit."""
+        b = self._binding(request_id)
+        if b.offload is None or b.offload is not handle:
+            raise ValueError(f"restore_request({b.request_id}) needs the handle offload_request returned for it")
+        n = handle.num_private_pages
+        if n > self._available_pages():
+            raise KvCacheExhaustedError(
+                f"restore of request {b.request_id} needs {n} pages, have {self._pages.free_pages} free and "
+                f"{self._radix.evictable_size // self.page_size} evictable; finish or offload other requests")
+        self._ensure_free_pages(n)
+        pages = self._pages.take(n, PageOwner.PRIVATE, b.request_id)
+        device_pages = torch.from_numpy(pages).to(self.device)
+        self._kv.copy_pages_in(device_pages[: handle.num_saved_pages], handle.k_raw, handle.v_raw)
+        self._kv.fill_pages(device_pages[handle.num_saved_pages :], self.fresh_page_fill)
+        b.page_ids = np.concatenate([b.page_ids[: b.num_prefix_pages(self.page_size)], pages])
+        b.offload = None
+
+    # ------------------------------------------------------------------ page bytes (API.md 3.6)
+    def _check_page(self, page: Any) -> int:
+        return as_int(page, "page", minimum=0, maximum=self._pages.num_pages - 1)
+
+    @_locked
+    def read_page(self, layer: int, page: int) -> tuple[bytes, bytes]:
+        """Raw bytes of one page of one layer, ``[page_size, Hkv, D]`` row-major in the storage dtype."""
+        return self._kv.read_page(self._check_layer(layer), self._check_page(page))
+
+    @_locked
+    def write_page(self, layer: int, page: int, k_bytes: Any, v_bytes: Any) -> None:
+        """Overwrite one page of one layer with raw bytes (as ``read_page`` returns). Only pages private to a
+        binding or owned by the caller may be written: tree-owned KV is shared and immutable."""
+        layer, page = self._check_layer(layer), self._check_page(page)
+        owner = PageOwner(int(self._pages.owner[page]))
+        if owner not in (PageOwner.PRIVATE, PageOwner.CALLER):
+            raise ValueError(f"write_page to page {page}, which is {owner.name.lower()}; only pages private to a "
+                             f"binding or from alloc() may be written")
+        data = [self._as_page_bytes(x, name) for x, name in ((k_bytes, "k_bytes"), (v_bytes, "v_bytes"))]
+        self._kv.write_page(layer, page, data[0], data[1])
+
+    def _as_page_bytes(self, data: Any, name: str) -> torch.Tensor:
+        if isinstance(data, torch.Tensor):
+            t = data.detach().contiguous().view(torch.uint8).reshape(-1)
+        else:
+            try:
+                t = torch.frombuffer(bytearray(memoryview(data).cast("B")), dtype=torch.uint8)
+            except TypeError:
+                raise ValueError(f"{name} must be bytes-like or a tensor, got {type(data).__name__}") from None
+        if t.numel() != self._kv.page_bytes:
+            raise ValueError(f"{name} has {t.numel()} bytes; one page of one layer is {self._kv.page_bytes}")
+        return t
+
+    # ------------------------------------------------------------------ audit and lifetime
+    @_locked
+    def check_invariants(self) -> None:
+        """Raise KvCacheCorruptionError naming the first page or node that breaks the ownership, size or lock
+        invariants (see :mod:`smile_llm.cache.audit`)."""
+        audit.check_invariants(self)
+
+    @_locked
+    def stats(self) -> dict[str, Any]:
+        """Pages by owner, cached tokens, counters and the prefix hit rate."""
+        return audit.stats(self)
+
+    def close(self) -> None:
+        """Release every binding and the buffers. Idempotent; every later call raises PoolClosedError."""
+        with self._lock:
+            if self._closed:
+                return
+            for b in self._table:
+                self._release(b)
+            self._radix.reset()
+            self._kv.release()
+            self._closed = True
+
+    def __enter__(self) -> KvCachePool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"free_pages={self._pages.free_pages}, bound={len(self._table)}"
+        return (f"KvCachePool(layers={self.num_layers}, slots={self.num_slots}, kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, page_size={self.page_size}, dtype={self._kv.dtype}, "
+                f"device={self.device}, {state})")

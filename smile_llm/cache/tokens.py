@@ -1,0 +1,35 @@
+"""Normalising host-side int arrays (token ids, slot ids) at the API boundary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+EMPTY = np.zeros(0, dtype=np.int64)
+EMPTY.setflags(write=False)
+
+
+def as_int_array(values: Any, what: str) -> np.ndarray:
+    """Return ``values`` as a 1-D int64 numpy array (a copy only when needed).
+
+    Accepts any int sequence, numpy integer array or integer torch tensor. Raises ValueError for ``None``,
+    non-integer elements (floats, bools, strings), more than one dimension or negative values."""
+    if values is None:
+        raise ValueError(f"{what} must be a sequence of non-negative ints, got None")
+    if hasattr(values, "detach") and hasattr(values, "cpu"):  # torch.Tensor without importing torch here
+        values = values.detach().cpu().numpy()
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} must be a sequence of non-negative ints: {exc}") from None
+    if arr.size == 0:
+        return EMPTY
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{what} must hold ints, got elements of type {arr.dtype} (first: {arr.flat[0]!r})")
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.min() < 0:
+        raise ValueError(f"{what} must be non-negative, got {int(arr.min())} at index {int(arr.argmin())}")
+    return arr

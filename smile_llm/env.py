@@ -1,0 +1,10 @@
+"""The environment switches the project honours (Smile's documented ones), read in this one place."""
+
+from __future__ import annotations
+
+import os
+
+
+def zero_rejected_kv() -> bool:
+    """``SMILE_MTP_ZERO_REJECTED_KV=1``: ``truncate_to`` zeroes the rejected tail of a verify window."""
+    return os.environ.get("SMILE_MTP_ZERO_REJECTED_KV") == "1"
