@@ -59,11 +59,8 @@ def pool_snapshot(pool: KvCachePool, with_kv: bool = True) -> dict[str, Any]:
 def assert_same_state(before: dict[str, Any], after: dict[str, Any]) -> None:
     for key in before:
         a, b = before[key], after[key]
-        if isinstance(a, torch.Tensor):
-            assert torch.equal(a.view(torch.uint8) if a.dtype.itemsize == 1 else a, b.view(torch.uint8)
-                               if b.dtype.itemsize == 1 else b) or (
-                torch.isnan(a).equal(torch.isnan(b)) and torch.equal(a.nan_to_num(0), b.nan_to_num(0))
-            ), f"{key} buffer changed"
+        if isinstance(a, torch.Tensor):  # byte comparison: exact, and NaN-safe for poisoned pages
+            assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)), f"{key} changed"
         else:
             assert a == b, f"{key} changed:\n before={a}\n after ={b}"
 
