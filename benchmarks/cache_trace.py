@@ -211,7 +211,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--system-prompts", type=int, default=4, help="shared system prompts")
     p.add_argument("--system-len", type=int, nargs=2, default=(1024, 2048), metavar=("MIN", "MAX"))
-    p.add_argument("--conversations", type=int, default=400)
+    p.add_argument("--conversations", type=int, default=500)
     p.add_argument("--turns", type=int, nargs=2, default=(2, 10), metavar=("MIN", "MAX"))
     p.add_argument("--user-len", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
     p.add_argument("--response-len", type=int, nargs=2, default=(16, 384), metavar=("MIN", "MAX"))
@@ -219,7 +219,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--pool-fraction", type=float, default=0.25,
                    help="pool size as a fraction of the trace's unique tokens (< 1 forces eviction)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per mode (medians are printed)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per mode (medians are printed)")
     p.add_argument("--check-every", type=int, default=0, metavar="N",
                    help="every N requests: read the window back and verify it, and check_invariants() "
                         "(0: only check_invariants at the end of each run)")
