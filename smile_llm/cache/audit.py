@@ -14,7 +14,7 @@ Invariants checked (the first broken one raises KvCacheCorruptionError naming th
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from .pages import NO_HOLDER, PageOwner
 
 if TYPE_CHECKING:
     from .pool import KvCachePool
+    from .radix import TreeNode
 
 UNCLAIMED = -1
 
@@ -55,8 +56,14 @@ class _Claims:
         self.names.append(what)
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str) -> NoReturn:
     raise KvCacheCorruptionError(msg)
+
+
+def _slots(node: TreeNode) -> np.ndarray:
+    if node.value is None:
+        _fail(f"{node!r} is evicted but still reachable from the root")
+    return node.value
 
 
 def check_invariants(pool: KvCachePool) -> None:
@@ -91,7 +98,7 @@ def check_invariants(pool: KvCachePool) -> None:
             _fail(f"request {b.request_id}: kv_len {kv_len} outside [matched {b.matched_len}, capacity {b.capacity}]")
         prefix = b.page_ids[: b.matched_len // ps]
         segments = radix.peek_prefix(b.prefix_tokens)
-        tree_slots = np.concatenate([s.node.value[: s.matched] for s in segments]) if segments else np.zeros(0, np.int64)
+        tree_slots = np.concatenate([_slots(s.node)[: s.matched] for s in segments] or [np.zeros(0, np.int64)])
         if sum(s.matched for s in segments) != b.matched_len or not np.array_equal(tree_slots[::ps] // ps, prefix):
             _fail(f"request {b.request_id}: its {len(prefix)} prefix pages are not what the tree maps its prefix to")
         private = b.private_pages(ps)
@@ -100,12 +107,12 @@ def check_invariants(pool: KvCachePool) -> None:
                 _fail(f"request {b.request_id} is offloaded but still holds page {int(private[private != -1][0])}")
         else:
             claims.claim(private, PageOwner.PRIVATE, f"request {b.request_id}", b.request_id)
-        node = b.locked_node
-        if (node is None) != (b.matched_len == 0):
-            _fail(f"request {b.request_id}: matched {b.matched_len} tokens but locked node is {node!r}")
-        while node is not None and node is not radix.root:
-            locks[node.id] += 1
-            node = node.parent
+        locked = b.locked_node
+        if (locked is None) != (b.matched_len == 0):
+            _fail(f"request {b.request_id}: matched {b.matched_len} tokens but locked node is {locked!r}")
+        while locked is not None and locked is not radix.root:
+            locks[locked.id] += 1
+            locked = locked.parent
 
     # 1. caller and scratch pages are recorded only in the owner table
     for owner in (PageOwner.CALLER, PageOwner.SCRATCH):
@@ -142,12 +149,10 @@ def check_invariants(pool: KvCachePool) -> None:
 
     # 5. active step
     if step is not None:
-        for sb in step.bindings:
-            b = table.get(sb.request_id)
-            if b is not sb or b.offload is not None:
+        for row, sb in enumerate(step.bindings):
+            if table.get(sb.request_id) is not sb or sb.offload is not None:
                 _fail(f"active step row {sb.request_id} is unbound or offloaded")
-            row = step.ids.index(sb.request_id)
-            if not np.array_equal(step.page_table[row, : len(b.page_ids)], b.page_ids):
+            if not np.array_equal(step.page_table[row, : len(sb.page_ids)], sb.page_ids):
                 _fail(f"active step row {sb.request_id} has a stale page table")
 
 

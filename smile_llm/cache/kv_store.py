@@ -9,6 +9,8 @@ The store knows nothing of requests or pages' owners; the pool hands it slot and
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -120,6 +122,19 @@ class KvStore:
         for cache, data in ((self.key_cache, k_bytes), (self.value_cache, v_bytes)):
             page_view = cache[layer, page * ps : (page + 1) * ps]
             page_view.copy_(data.to(self.device).view(cache.dtype).view(ps, *shape))
+
+    def as_page_bytes(self, data: Any, name: str) -> torch.Tensor:
+        """``data`` (bytes-like or a tensor) as a flat uint8 tensor of exactly ``page_bytes``; ValueError otherwise."""
+        if isinstance(data, torch.Tensor):
+            t = data.detach().contiguous().view(torch.uint8).reshape(-1)
+        else:
+            try:
+                t = torch.frombuffer(bytearray(memoryview(data).cast("B")), dtype=torch.uint8)
+            except TypeError:
+                raise ValueError(f"{name} must be bytes-like or a tensor, got {type(data).__name__}") from None
+        if t.numel() != self.page_bytes:
+            raise ValueError(f"{name} has {t.numel()} bytes; one page of one layer is {self.page_bytes}")
+        return t
 
     def release(self) -> None:
         """Drop the buffers (``close``)."""

@@ -1,15 +1,10 @@
 """KvCachePool: the one owner of pages and K/V buffers; binding verbs; put/get.
 
 The pool composes a :class:`PageAllocator` (who owns each page, FIFO free list), a :class:`RadixCache` (a pure
-prefix index), a :class:`BindingTable` (one record per bound request) and a :class:`KvStore` (the buffers). It is
-the only place pages change owner. Every public call runs under one lock and is transactional: it validates and
-plans first, and raises before it changes anything.
-
-Page regions of one bound request (``page_size`` = ps, positions in tokens)::
-
-    [0, matched_len)           tree-owned pages, locked; never written (put below matched_len raises)
-    [matched_len, capacity)    private pages; [matched_len, kv_len) holds written KV
-    finish inserts             floor_page(min(len(sequence), kv_len)) tokens; the rest is freed
+prefix index), a :class:`BindingTable` (one record per bound request), a :class:`KvStore` (the buffers) and a
+:class:`Binder` (every change of page ownership). The pool validates arguments, holds the one lock, owns the active
+step and runs the K/V verbs. Every public call is transactional: it validates and plans first and raises before it
+changes anything.
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -25,19 +20,19 @@ import torch
 
 from .. import env
 from . import audit, factories
+from .binder import Binder
 from .bindings import Binding, BindingTable
-from .checks import as_int, as_positions, same_device
+from .checks import as_int
 from .errors import KvCacheExhaustedError, NoActiveStepError, PoolClosedError, RequestOffloadedError
 from .kv_store import FILL_MODES, KvStore
 from .layout import ceil_page, floor_page
 from .offload import OffloadedKv
-from .pages import NO_HOLDER, PageAllocator, PageOwner
-from .radix import PathSegment, RadixCache
+from .pages import PageAllocator, PageOwner
+from .radix import RadixCache
 from .step import ActiveStep
 from .tokens import EMPTY, as_int_array
 
 F = TypeVar("F", bound=Callable[..., Any])
-PREFIX_NAMESPACE: Hashable = None  # the pool's radix namespace
 
 
 def _locked(method: F) -> F:
@@ -83,11 +78,7 @@ class KvCachePool:
         self._step: ActiveStep | None = None
         self._lock = threading.RLock()
         self._closed = False
-        self._prefix_reuse = True
-        self.prefix_prompt_tokens = 0
-        self.prefix_match_tokens = 0
-        self.prefix_insert_tokens = 0
-        self.prefix_evict_tokens = 0
+        self._binder = Binder(self._pages, self._radix, self._table, self._kv, fresh_page_fill)
 
     # ------------------------------------------------------------------ factories (API.md section 1 and 3)
     allocate = classmethod(factories.allocate)
@@ -140,95 +131,34 @@ class KvCachePool:
 
     @property
     def prefix_reuse_enabled(self) -> bool:
-        return self._prefix_reuse
+        return self._binder.prefix_reuse
 
     @prefix_reuse_enabled.setter
     def prefix_reuse_enabled(self, enabled: bool) -> None:
         with self._lock:
-            self._prefix_reuse = bool(enabled)
+            self._binder.prefix_reuse = bool(enabled)
 
-    # ------------------------------------------------------------------ planning helpers (change nothing)
+    prefix_prompt_tokens = property(lambda self: self._binder.prompt_tokens,
+                                    doc="Prompt tokens of every bind made with reuse on (cumulative).")
+    prefix_match_tokens = property(lambda self: self._binder.match_tokens,
+                                   doc="Matched (capped) prefix tokens of those binds (cumulative).")
+    prefix_insert_tokens = property(lambda self: self._binder.insert_tokens,
+                                    doc="Tokens newly inserted into the tree by finishes (cumulative).")
+    prefix_evict_tokens = property(lambda self: self._binder.evict_tokens,
+                                   doc="Tokens the pool evicted from the tree (cumulative).")
+
+    # ------------------------------------------------------------------ helpers
     def _capacity_pages(self, total_capacity: Any) -> int:
         return ceil_page(as_int(total_capacity, "total_capacity", minimum=1), self.page_size) // self.page_size
 
-    def _plan(self, prompt: np.ndarray, release: Sequence[Binding]) -> tuple[list[PathSegment], int, int]:
-        """Would-be match of ``prompt`` and the pages obtainable after releasing ``release`` and locking that
-        match: ``(segments, matched_len, available_pages)``. Fix: the match never covers the last prompt token."""
-        segments: list[PathSegment] = []
-        if self._prefix_reuse and len(prompt) > 1:
-            cap = floor_page(len(prompt) - 1, self.page_size)
-            segments = self._radix.peek_prefix(prompt[:cap], PREFIX_NAMESPACE)
-        matched = sum(seg.matched for seg in segments)
-        freed = sum(len(b.private_pages(self.page_size)) for b in release if b.offload is None)
-        evictable = self._radix.evictable_size_if([b.locked_node for b in release], segments)
-        return segments, matched, self._pages.free_pages + freed + evictable // self.page_size
-
-    def _available_pages(self) -> int:
-        return self._pages.free_pages + self._radix.evictable_size // self.page_size
-
-    # ------------------------------------------------------------------ committing helpers
-    def _ensure_free_pages(self, n: int) -> None:
-        """Evict unlocked tree pages (LRU) only as far as needed for ``n`` free pages. Callers planned it."""
-        short = n - self._pages.free_pages
-        if short > 0:
-            self._evict_tokens(short * self.page_size)
-        assert self._pages.free_pages >= n, "bind planning disagreed with eviction"
-
-    def _evict_tokens(self, num_tokens: int) -> int:
-        slots = self._radix.evict(num_tokens)
-        pages = slots[:: self.page_size] // self.page_size
-        self._pages.release(pages)
-        self.prefix_evict_tokens += len(slots)
-        return len(slots)
-
-    def _take(self, n: int, owner: PageOwner, holder: int = NO_HOLDER) -> np.ndarray:
-        self._ensure_free_pages(n)
-        pages = self._pages.take(n, owner, holder)
-        self._kv.fill_pages(torch.from_numpy(pages).to(self.device), self.fresh_page_fill)
-        return pages
-
-    def _bind(self, prompt: np.ndarray, capacity_pages: int, matched: int, exclusive: bool,
-              release: Sequence[Binding]) -> Binding:
-        """Commit a planned bind: release ``release``, match and lock the prefix, take private pages."""
-        for b in release:
-            self._release(b)
-        node = None
-        if matched:
-            match = self._radix.match_prefix(prompt[:matched], PREFIX_NAMESPACE)
-            assert match.length == matched
-            node = match.last_node
-            self._radix.inc_lock_ref(node)
-            prefix_pages = match.indices[:: self.page_size] // self.page_size
-        else:
-            prefix_pages = EMPTY
-        if self._prefix_reuse:
-            self.prefix_prompt_tokens += len(prompt)
-            self.prefix_match_tokens += matched
-        private = self._take(capacity_pages - len(prefix_pages), PageOwner.PRIVATE, self._table.next_id)
-        return self._table.add(np.concatenate([prefix_pages, private]), capacity_pages * self.page_size, matched,
-                               prompt[:matched].copy(), node, exclusive)
-
-    def _release(self, b: Binding, insert_len: int = 0, sequence: np.ndarray | None = None) -> None:
-        """Unbind ``b``; with ``insert_len`` > matched, first insert ``sequence[:insert_len]`` into the tree and
-        keep the newly inserted pages there. Frees every other private page, unlocks the prefix."""
-        ps = self.page_size
-        if b.offload is None:
-            private = b.private_pages(ps)
-            keep_lo = keep_hi = 0  # private page range handed to the tree
-            if insert_len > b.matched_len and sequence is not None:
-                slots = (b.page_ids[: insert_len // ps, None] * ps + np.arange(ps)).reshape(-1)
-                result = self._radix.insert(sequence[:insert_len], slots, PREFIX_NAMESPACE)
-                assert result.prefix_len >= b.matched_len, "the locked prefix left the tree"
-                keep_lo = (result.prefix_len - b.matched_len) // ps
-                keep_hi = (insert_len - b.matched_len) // ps
-                self._pages.transfer(private[keep_lo:keep_hi], PageOwner.TREE)
-                self.prefix_insert_tokens += max(0, insert_len - result.prefix_len)
-            self._pages.release(np.concatenate([private[:keep_lo], private[keep_hi:]]))
-        self._radix.dec_lock_ref(b.locked_node)
-        self._table.remove(b)
+    def _release(self, b: Binding, sequence: np.ndarray | None = None) -> None:
+        """Unbind ``b`` (finishing it into the tree when ``sequence`` is given) and drop it from the step."""
+        self._binder.release(b, sequence)
         if self._step is not None and b.request_id in self._step.ids:
             self._clear_step()
-        b.offload = None
+
+    def _exhausted_detail(self) -> str:
+        return (f"{self._pages.free_pages} free and {self._radix.evictable_size // self.page_size} evictable pages")
 
     def _clear_step(self) -> None:
         self._step = None
@@ -239,13 +169,18 @@ class KvCachePool:
         self._clear_step()
         self._step = ActiveStep(bindings, self.page_size, self.device)
 
+    def _lookup(self, request_id: Any) -> Binding | None:
+        if isinstance(request_id, bool) or not isinstance(request_id, (int, np.integer)):
+            return None
+        return self._table.get(int(request_id))
+
     def _require_step(self) -> ActiveStep:
         if self._step is None:
             raise NoActiveStepError("No request bound; call bind_request/activate_step or bind_with_prefix first")
         return self._step
 
     def _binding(self, request_id: Any) -> Binding:
-        b = self._table.get(request_id) if isinstance(request_id, (int, np.integer)) else None
+        b = self._lookup(request_id)
         if b is None:
             raise ValueError(f"Unknown request id: {request_id!r}; bound ids are {[x.request_id for x in self._table]}")
         return b
@@ -264,13 +199,15 @@ class KvCachePool:
         if len(prompt) > total_capacity:
             raise ValueError(f"prompt of {len(prompt)} tokens is longer than total_capacity {total_capacity}")
         release = [b for b in self._table if b.exclusive]
-        _, matched, available = self._plan(prompt, release)
+        matched, available = self._binder.plan(prompt, release)
         need = want - matched // self.page_size
         if need > available:
             raise KvCacheExhaustedError(
                 f"bind_request needs {need} pages ({want * self.page_size} slots, {matched} matched) but only "
                 f"{available} are free or evictable; keep the request queued until others finish")
-        b = self._bind(prompt, want, matched, False, release)
+        for old in release:
+            self._release(old)
+        b = self._binder.bind(prompt, want, matched, exclusive=False)
         if len(self._table) == 1:
             self._activate([b])
         return b.request_id
@@ -285,13 +222,15 @@ class KvCachePool:
         if len(prompt) > total_capacity:
             raise ValueError(f"prompt of {len(prompt)} tokens is longer than total_capacity {total_capacity}")
         release = list(self._table)
-        _, matched, available = self._plan(prompt, release)
+        matched, available = self._binder.plan(prompt, release)
         pages = matched // self.page_size + min(want - matched // self.page_size, available)
         if pages * self.page_size < max(1, len(prompt)):
             raise ValueError(
                 f"Prompt length {len(prompt)} exceeds free KV capacity {pages * self.page_size} "
                 f"(prefix={matched}, pool={self.num_slots} slots); shorten the prompt or use a larger pool")
-        b = self._bind(prompt, pages, matched, True, release)
+        for old in release:
+            self._release(old)
+        b = self._binder.bind(prompt, pages, matched, exclusive=True)
         self._activate([b])
         return matched
 
@@ -303,7 +242,7 @@ class KvCachePool:
         batch = as_int(batch_size, "batch_size", minimum=1)
         want = self._capacity_pages(capacity)
         release = list(self._table)
-        _, _, available = self._plan(EMPTY, release)
+        _, available = self._binder.plan(EMPTY, release)
         per_row = min(want, available // batch)
         if per_row < 1:
             raise KvCacheExhaustedError(
@@ -311,7 +250,7 @@ class KvCachePool:
                 f"have {available * self.page_size} free or evictable; use a smaller batch")
         for b in release:
             self._release(b)
-        rows = [self._bind(EMPTY, per_row, 0, True, ()) for _ in range(batch)]
+        rows = [self._binder.bind(EMPTY, per_row, 0, exclusive=True) for _ in range(batch)]
         self._activate(rows)
         return [b.request_id for b in rows]
 
@@ -321,7 +260,7 @@ class KvCachePool:
         into the tree, free duplicates and unused headroom, unlock, unbind. ``sequence_tokens=None`` (or reuse off,
         or an offloaded request) unbinds without inserting. Unknown ids do nothing. Raises ValueError unless the
         sequence starts with the request's matched prefix tokens."""
-        b = self._table.get(request_id) if isinstance(request_id, (int, np.integer)) else None
+        b = self._lookup(request_id)
         if b is None:
             return
         if sequence_tokens is None:
@@ -332,11 +271,7 @@ class KvCachePool:
             raise ValueError(
                 f"finish_request({b.request_id}): sequence_tokens must start with the {b.matched_len} matched "
                 f"prefix tokens of the request; pass the prompt followed by the generated tokens")
-        if b.offload is not None or not self._prefix_reuse:
-            self._release(b)
-            return
-        kv_len = self._table.kv_len_of(b)
-        self._release(b, floor_page(min(len(seq), kv_len), self.page_size), seq)
+        self._release(b, seq)
 
     @_locked
     def finish_exclusive(self, sequence_tokens: Any) -> None:
@@ -353,7 +288,7 @@ class KvCachePool:
     def unbind_request(self, request_id: int) -> None:
         """Instant eviction: free the request's private pages, unlock its prefix, insert nothing. Unknown ids do
         nothing."""
-        b = self._table.get(request_id) if isinstance(request_id, (int, np.integer)) else None
+        b = self._lookup(request_id)
         if b is not None:
             self._release(b)
 
@@ -369,7 +304,7 @@ class KvCachePool:
 
     @_locked
     def matched_prefix_len(self, request_id: int) -> int:
-        b = self._table.get(request_id) if isinstance(request_id, (int, np.integer)) else None
+        b = self._lookup(request_id)
         return b.matched_len if b is not None else 0
 
     @_locked
@@ -412,117 +347,43 @@ class KvCachePool:
     def _check_layer(self, layer: Any) -> int:
         return as_int(layer, "layer", minimum=0, maximum=self.num_layers - 1)
 
-    def _check_kv(self, k: Any, v: Any, batch: int) -> tuple[int, int]:
-        for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"{name} must be a torch.Tensor [B, S, Hkv, D], got {type(t).__name__}")
-        if k.dim() != 4 or k.shape != v.shape or k.shape[0] != batch or k.shape[2:] != self._kv.key_cache.shape[2:]:
-            raise ValueError(
-                f"k and v must both be [B={batch}, S, Hkv={self.num_kv_heads}, D={self.head_dim}], got "
-                f"{tuple(k.shape)} and {tuple(v.shape)}")
-        if not (k.dtype.is_floating_point and v.dtype.is_floating_point):
-            raise ValueError(f"k and v must be floating point, got {k.dtype} and {v.dtype}")
-        if not (same_device(k.device, self.device) and same_device(v.device, self.device)):
-            raise ValueError(f"k and v must be on the pool's device {self.device}, got {k.device} and {v.device}")
-        return batch, k.shape[1]
-
     @_locked
     def put(self, layer: int, start_pos: Any, k: torch.Tensor, v: torch.Tensor,
             slot_idx: torch.Tensor | None = None) -> None:
         """Write positions ``[start, start + S)`` of every active row from ``k``/``v`` ``[B, S, Hkv, D]``
-        (cast to the pool dtype; FP8 stores ``x / scale``). A put at ``start <= kv_len`` raises ``kv_len`` to
-        ``start + S``. Raises KvCacheExhaustedError past a row's capacity and ValueError below its matched prefix or
-        for a wrong shape, dtype family or device; nothing is written then. ``slot_idx`` is an optional
-        precomputed ``int64[B*S]`` equal to ``window_slot_indices(start_pos, S)``."""
-        step = self._require_step()
-        layer = self._check_layer(layer)
-        batch, seqlen = self._check_kv(k, v, step.batch)
-        start = as_positions(start_pos, "start_pos", batch)
-        end = start + seqlen
-        if (end > step.capacity).any():
-            b = int(np.argmax(end > step.capacity))
-            raise KvCacheExhaustedError(
-                f"put row {b}: need end_pos={int(end[b])}, bound capacity={int(step.capacity[b])} "
-                f"(pool does not grow); stop at request_capacity")
-        if (start < step.matched).any():
-            b = int(np.argmax(start < step.matched))
-            raise ValueError(
-                f"put row {b} at start_pos={int(start[b])} is below its matched prefix ({int(step.matched[b])} "
-                f"tokens, owned by the prefix tree); write from the matched length on")
-        if slot_idx is None:
-            idx = step.index(start, seqlen)
-        else:
-            idx = self._check_slot_idx(slot_idx, batch * seqlen)
-        self._kv.write(layer, idx, k.reshape(batch * seqlen, *k.shape[2:]), v.reshape(batch * seqlen, *v.shape[2:]))
-        self._advance_kv_len(step, start, end)
-
-    def _advance_kv_len(self, step: ActiveStep, start: np.ndarray, end: np.ndarray) -> None:
-        kv = self._table.kv_len[step.rows]
-        self._table.kv_len[step.rows] = np.where(start <= kv, np.maximum(kv, end), kv)
-
-    def _check_slot_idx(self, slot_idx: Any, n: int) -> torch.Tensor:
-        if not isinstance(slot_idx, torch.Tensor) or slot_idx.dtype != torch.int64 or slot_idx.shape != (n,):
-            raise ValueError(f"slot_idx must be an int64 tensor of shape [{n}], got "
-                             f"{getattr(slot_idx, 'dtype', type(slot_idx).__name__)} {tuple(getattr(slot_idx, 'shape', ()))}")
-        if not same_device(slot_idx.device, self.device):
-            raise ValueError(f"slot_idx must be on the pool's device {self.device}, got {slot_idx.device}")
-        return slot_idx
+        (cast to the pool dtype; FP8 stores ``x / scale``); ``start_pos`` is an int or one per row. A put at
+        ``start <= kv_len`` raises ``kv_len`` to ``start + S``. Raises KvCacheExhaustedError past a row's capacity and
+        ValueError below its matched prefix or for a wrong shape, dtype family or device; nothing is written then.
+        ``slot_idx`` is an optional precomputed ``int64[B*S]`` equal to ``window_slot_indices(start_pos, S)``."""
+        self._require_step().write(self._kv, self._table.kv_len, self._check_layer(layer), start_pos, k, v,
+                                   slot_idx)
 
     @_locked
     def get(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of positions ``[0, length)`` of every active row, ``[B, length, Hkv, D]`` in ``compute_dtype``.
-        ``length`` is at most the smallest active capacity (ValueError beyond)."""
-        step = self._require_step()
-        layer = self._check_layer(layer)
-        length = as_int(length, "length", minimum=0)
-        if length > step.min_capacity:
-            raise ValueError(f"KV read of length {length} exceeds bound request capacity {step.min_capacity}; "
-                             f"use get_padded for rows of different capacity")
-        return self._read(step, layer, step.index(np.zeros(step.batch, np.int64), length), length)
+        ``length`` is at most the smallest active capacity (ValueError beyond); positions past ``kv_len`` return
+        whatever is stored."""
+        return self._require_step().read(self._kv, self._check_layer(layer), length)
 
     @_locked
     def get_padded(self, layer: int, length: int, idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Like ``get`` for rows of different capacity: ``length`` up to the largest; positions past a row's
         capacity repeat its last slot (mask them). ``idx`` is an optional precomputed ``int64[B*length]``."""
-        step = self._require_step()
-        layer = self._check_layer(layer)
-        length = as_int(length, "length", minimum=0)
-        if length > step.max_capacity:
-            raise ValueError(f"padded KV read of length {length} exceeds the largest active capacity "
-                             f"{step.max_capacity}")
-        if idx is None:
-            idx = step.index(np.zeros(step.batch, np.int64), length, clamp=True)
-        else:
-            idx = self._check_slot_idx(idx, step.batch * length)
-        return self._read(step, layer, idx, length)
-
-    def _read(self, step: ActiveStep, layer: int, idx: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self._kv.read(layer, idx)
-        shape = (step.batch, length, self.num_kv_heads, self.head_dim)
-        return k.view(shape), v.view(shape)
+        return self._require_step().read(self._kv, self._check_layer(layer), length, padded=True, idx=idx)
 
     @_locked
     def slot_indices(self, length: int) -> np.ndarray:
         """Host ``int64[B*length]`` physical slots of positions ``[0, length)``, row-major."""
         step = self._require_step()
-        length = as_int(length, "length", minimum=0)
-        if length > step.min_capacity:
-            raise ValueError(f"length {length} exceeds bound request capacity {step.min_capacity}")
-        return step.slots(np.zeros(step.batch, np.int64), length)
+        return step.slots(np.zeros(step.batch, np.int64), step.read_length(length, padded=False))
 
     @_locked
     def window_slot_indices(self, start_pos: Any, seqlen: int) -> np.ndarray:
         """Host ``int64[B*seqlen]`` physical slots of positions ``[start, start + seqlen)`` per row, row-major
-        (the ``slot_idx`` a model precomputes once per step for ``put``)."""
+        (the ``slot_idx`` a model precomputes once per step for ``put``). KvCacheExhaustedError past a capacity."""
         step = self._require_step()
         seqlen = as_int(seqlen, "seqlen", minimum=0)
-        start = as_positions(start_pos, "start_pos", step.batch)
-        end = start + seqlen
-        if (end > step.capacity).any():
-            b = int(np.argmax(end > step.capacity))
-            raise KvCacheExhaustedError(f"window row {b} ends at {int(end[b])}, past capacity "
-                                        f"{int(step.capacity[b])} (pool does not grow)")
-        return step.slots(start, seqlen)
+        return step.slots(step.window(start_pos, seqlen, "window"), seqlen)
 
     @_locked
     def key_layer(self, layer: int) -> torch.Tensor:
@@ -553,12 +414,10 @@ class KvCachePool:
         """Page-aligned slot ids (``ceil_page(num_tokens)`` of them) owned by the caller, evicting from the tree
         if needed. Raises KvCacheExhaustedError, changing nothing, if still short."""
         n = ceil_page(as_int(num_tokens, "num_tokens", minimum=0), self.page_size) // self.page_size
-        if n > self._available_pages():
+        if n > self._binder.available_pages():
             raise KvCacheExhaustedError(
-                f"KV cache OOM: need {n} pages, have {self._pages.free_pages} free and "
-                f"{self._radix.evictable_size // self.page_size} evictable; free pages or finish requests")
-        pages = self._take(n, PageOwner.CALLER)
-        return (pages[:, None] * self.page_size + np.arange(self.page_size)).reshape(-1)
+                f"KV cache OOM: need {n} pages, have {self._exhausted_detail()}; free pages or finish requests")
+        return self._binder.alloc(n)
 
     @_locked
     def free(self, slots: Any) -> None:
@@ -568,29 +427,13 @@ class KvCachePool:
         arr = as_int_array(slots, "slots")
         if len(arr) == 0:
             return
-        ps = self.page_size
-        if len(arr) % ps:
-            raise ValueError(f"free() requires page-aligned slot count: got {len(arr)} slots, page_size {ps}")
-        if arr.max() >= self.num_slots:
-            raise ValueError(f"free() got slot {int(arr.max())}, past the pool's {self.num_slots} slots")
-        groups = arr.reshape(-1, ps)
-        pages = groups[:, 0] // ps
-        if not np.array_equal(groups, pages[:, None] * ps + np.arange(ps)):
-            raise ValueError("free() requires whole pages, each as its page_size slots in order (as alloc returned)")
-        if len(np.unique(pages)) != len(pages):
-            raise ValueError(f"free() lists a page twice: pages {pages.tolist()}")
-        bad = self._pages.misowned(pages, PageOwner.CALLER)
-        if len(bad):
-            owner = PageOwner(int(self._pages.owner[bad[0]])).name.lower()
-            raise ValueError(f"free() of page {int(bad[0])}, which is {owner}, not owned by the caller "
-                             f"(double free, or a page alloc() did not return)")
-        self._pages.release(pages)
+        self._binder.free(self._binder.caller_pages_of(arr))
 
     @_locked
     def evict(self, num_tokens: int) -> int:
         """Evict at least ``num_tokens`` unlocked cached tokens (LRU, whole nodes) unless the tree runs out;
         their pages return to the free list. Returns the tokens evicted."""
-        return self._evict_tokens(as_int(num_tokens, "num_tokens", minimum=0))
+        return self._binder.evict(as_int(num_tokens, "num_tokens", minimum=0))
 
     # ------------------------------------------------------------------ offload and restore (API.md 3.6)
     @_locked
@@ -600,18 +443,9 @@ class KvCachePool:
         b = self._binding(request_id)
         if b.offload is not None:
             raise RuntimeError(f"request {b.request_id} is already offloaded; restore_request it first")
-        ps = self.page_size
-        private = b.private_pages(ps)
-        saved = ceil_page(self._table.kv_len_of(b), ps) // ps - b.num_prefix_pages(ps)
-        k_raw, v_raw = self._kv.copy_pages_out(torch.from_numpy(private[:saved]).to(self.device))
-        handle = OffloadedKv(b.request_id, len(private), saved, k_raw, v_raw)
         if self._step is not None and b.request_id in self._step.ids:
             self._clear_step()
-        self._pages.release(private)
-        b.page_ids = b.page_ids.copy()
-        b.page_ids[b.num_prefix_pages(ps):] = -1
-        b.offload = handle
-        return handle
+        return self._binder.offload(b)
 
     @_locked
     def restore_request(self, request_id: int, handle: OffloadedKv) -> None:
@@ -620,18 +454,11 @@ class KvCachePool:
         b = self._binding(request_id)
         if b.offload is None or b.offload is not handle:
             raise ValueError(f"restore_request({b.request_id}) needs the handle offload_request returned for it")
-        n = handle.num_private_pages
-        if n > self._available_pages():
+        if handle.num_private_pages > self._binder.available_pages():
             raise KvCacheExhaustedError(
-                f"restore of request {b.request_id} needs {n} pages, have {self._pages.free_pages} free and "
-                f"{self._radix.evictable_size // self.page_size} evictable; finish or offload other requests")
-        self._ensure_free_pages(n)
-        pages = self._pages.take(n, PageOwner.PRIVATE, b.request_id)
-        device_pages = torch.from_numpy(pages).to(self.device)
-        self._kv.copy_pages_in(device_pages[: handle.num_saved_pages], handle.k_raw, handle.v_raw)
-        self._kv.fill_pages(device_pages[handle.num_saved_pages :], self.fresh_page_fill)
-        b.page_ids = np.concatenate([b.page_ids[: b.num_prefix_pages(self.page_size)], pages])
-        b.offload = None
+                f"restore of request {b.request_id} needs {handle.num_private_pages} pages, have "
+                f"{self._exhausted_detail()}; finish or offload other requests")
+        self._binder.restore(b, handle)
 
     # ------------------------------------------------------------------ page bytes (API.md 3.6)
     def _check_page(self, page: Any) -> int:
@@ -651,20 +478,8 @@ class KvCachePool:
         if owner not in (PageOwner.PRIVATE, PageOwner.CALLER):
             raise ValueError(f"write_page to page {page}, which is {owner.name.lower()}; only pages private to a "
                              f"binding or from alloc() may be written")
-        data = [self._as_page_bytes(x, name) for x, name in ((k_bytes, "k_bytes"), (v_bytes, "v_bytes"))]
-        self._kv.write_page(layer, page, data[0], data[1])
-
-    def _as_page_bytes(self, data: Any, name: str) -> torch.Tensor:
-        if isinstance(data, torch.Tensor):
-            t = data.detach().contiguous().view(torch.uint8).reshape(-1)
-        else:
-            try:
-                t = torch.frombuffer(bytearray(memoryview(data).cast("B")), dtype=torch.uint8)
-            except TypeError:
-                raise ValueError(f"{name} must be bytes-like or a tensor, got {type(data).__name__}") from None
-        if t.numel() != self._kv.page_bytes:
-            raise ValueError(f"{name} has {t.numel()} bytes; one page of one layer is {self._kv.page_bytes}")
-        return t
+        self._kv.write_page(layer, page, self._kv.as_page_bytes(k_bytes, "k_bytes"),
+                            self._kv.as_page_bytes(v_bytes, "v_bytes"))
 
     # ------------------------------------------------------------------ audit and lifetime
     @_locked

@@ -1,17 +1,22 @@
-"""ActiveStep: the batch of rows that step verbs (``put``, ``get``, metadata, seal) act on.
+"""ActiveStep: the batch of rows that step verbs act on, and its K/V reads and writes.
 
-It is a read-only view built by ``activate_step`` from the rows' bindings: their page tables stacked into one
-``[B, max_pages]`` array so slot ids for a whole batch come from one vectorised gather, plus per-row capacity and
-matched-prefix arrays. Page tables never change while a row is active (offloading deactivates it), so the view
-and its cached index tensors stay valid until the step is cleared.
+Built by ``activate_step`` from the rows' bindings: their page tables stacked into one ``[B, max_pages]`` array so
+slot ids for a whole batch come from one vectorised gather, plus per-row capacity and matched-prefix arrays. Page
+tables never change while a row is active (offloading deactivates it), so the view and its cached index tensors stay
+valid until the step is cleared. Every check here is O(B) and runs before anything is written.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
 
 from .bindings import Binding
+from .checks import as_int, as_positions, same_device
+from .errors import KvCacheExhaustedError
+from .kv_store import KvStore
 
 
 class ActiveStep:
@@ -26,14 +31,14 @@ class ActiveStep:
         self.matched = np.array([b.matched_len for b in bindings], dtype=np.int64)  # int64[B]
         self.min_capacity = int(self.capacity.min())
         self.max_capacity = int(self.capacity.max())
-        self.max_matched = int(self.matched.max())
-        max_pages = self.max_capacity // page_size
-        table = np.zeros((self.batch, max_pages), dtype=np.int64)
+        table = np.zeros((self.batch, self.max_capacity // page_size), dtype=np.int64)
         for i, b in enumerate(bindings):
             table[i, : len(b.page_ids)] = b.page_ids
         self.page_table = table  # int64[B, max_pages], host
+        self._zeros = np.zeros(self.batch, dtype=np.int64)
         self._index_cache: tuple[tuple[bytes, int, bool], torch.Tensor] | None = None
 
+    # ------------------------------------------------------------------ slot ids
     def slots(self, start: np.ndarray, length: int, clamp: bool = False) -> np.ndarray:
         """Physical slots of positions ``[start_b, start_b + length)`` of every row, row-major ``int64[B*length]``.
         With ``clamp``, positions past a row's capacity repeat its last slot. Positions must be in range."""
@@ -45,7 +50,7 @@ class ActiveStep:
         return (pages * ps + pos % ps).reshape(-1)
 
     def index(self, start: np.ndarray, length: int, clamp: bool = False) -> torch.Tensor:
-        """``slots(...)`` as an int64 tensor on the pool's device; the last one is cached (layers of one step
+        """``slots(...)`` as an int64 tensor on the pool's device; the last one is cached (the layers of one step
         reuse it)."""
         key = (start.tobytes(), length, clamp)
         cached = self._index_cache
@@ -56,3 +61,74 @@ class ActiveStep:
             idx = idx.to(self.device, non_blocking=True)
         self._index_cache = (key, idx)
         return idx
+
+    def window(self, start_pos: Any, seqlen: int, what: str) -> np.ndarray:
+        """Per-row starts of a write window ``[start, start + seqlen)``; KvCacheExhaustedError past a capacity."""
+        start = as_positions(start_pos, "start_pos", self.batch)
+        end = start + seqlen
+        over = end > self.capacity
+        if over.any():
+            b = int(np.argmax(over))
+            raise KvCacheExhaustedError(
+                f"{what} row {b}: need end_pos={int(end[b])}, bound capacity={int(self.capacity[b])} "
+                f"(pool does not grow); stop at request_capacity")
+        return start
+
+    def read_length(self, length: Any, padded: bool) -> int:
+        length = as_int(length, "length", minimum=0)
+        limit = self.max_capacity if padded else self.min_capacity
+        if length > limit:
+            hint = "the largest active capacity" if padded else "bound request capacity"
+            raise ValueError(f"KV read of length {length} exceeds {hint} {limit}"
+                             + ("" if padded else "; use get_padded for rows of different capacity"))
+        return length
+
+    def check_index(self, idx: Any, n: int, name: str) -> torch.Tensor:
+        if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.shape != (n,):
+            got = f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}"
+            raise ValueError(f"{name} must be an int64 tensor of shape [{n}], got {got}")
+        if not same_device(idx.device, self.device):
+            raise ValueError(f"{name} must be on the pool's device {self.device}, got {idx.device}")
+        return idx
+
+    # ------------------------------------------------------------------ K/V verbs
+    def write(self, kv: KvStore, kv_len: np.ndarray, layer: int, start_pos: Any, k: Any, v: Any,
+              slot_idx: Any) -> None:
+        """``put`` for this step: validate everything, write, then advance ``kv_len`` (a put at
+        ``start <= kv_len`` raises it to ``start + S``; one past it leaves a gap and moves nothing)."""
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor [B, S, Hkv, D], got {type(t).__name__}")
+        head_shape = kv.key_cache.shape[2:]
+        if k.dim() != 4 or k.shape != v.shape or k.shape[0] != self.batch or k.shape[2:] != head_shape:
+            raise ValueError(f"k and v must both be [B={self.batch}, S, Hkv, D]={tuple(head_shape)} heads, got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+        if not (k.dtype.is_floating_point and v.dtype.is_floating_point):
+            raise ValueError(f"k and v must be floating point, got {k.dtype} and {v.dtype}")
+        if not (same_device(k.device, self.device) and same_device(v.device, self.device)):
+            raise ValueError(f"k and v must be on the pool's device {self.device}, got {k.device} and {v.device}")
+        seqlen = k.shape[1]
+        start = self.window(start_pos, seqlen, "put")
+        below = start < self.matched
+        if below.any():
+            b = int(np.argmax(below))
+            raise ValueError(f"put row {b} at start_pos={int(start[b])} is below its matched prefix "
+                             f"({int(self.matched[b])} tokens, owned by the prefix tree); write from the matched "
+                             f"length on")
+        n = self.batch * seqlen
+        idx = self.index(start, seqlen) if slot_idx is None else self.check_index(slot_idx, n, "slot_idx")
+        kv.write(layer, idx, k.reshape(n, *head_shape), v.reshape(n, *head_shape))
+        old = kv_len[self.rows]
+        kv_len[self.rows] = np.where(start <= old, np.maximum(old, start + seqlen), old)
+
+    def read(self, kv: KvStore, layer: int, length: Any, padded: bool = False,
+             idx: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``get`` / ``get_padded`` for this step: ``[B, length, Hkv, D]`` in the compute dtype."""
+        length = self.read_length(length, padded)
+        if idx is None:
+            idx = self.index(self._zeros, length, clamp=padded)
+        else:
+            idx = self.check_index(idx, self.batch * length, "idx")
+        k, v = kv.read(layer, idx)
+        shape = (self.batch, length, *kv.key_cache.shape[2:])
+        return k.view(shape), v.view(shape)

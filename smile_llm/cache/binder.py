@@ -1,0 +1,174 @@
+"""Binder: every change of page ownership, planned before it is made.
+
+The binder moves pages between the free list, the prefix tree, bindings (requests) and callers: it plans binds
+without touching anything (``plan``), commits them (``bind``), finishes requests into the tree (``release`` with an
+insert), evicts, hands caller pages out and back, and offloads or restores a request's private pages. The pool
+validates arguments, holds the lock and owns the active step; it calls the binder only for work that was checked
+to succeed, so every raising pool call leaves the pages as they were.
+
+Page regions of one bound request (ps = page_size, positions in tokens)::
+
+    [0, matched_len)           tree-owned pages, locked through locked_node; never written
+    [matched_len, capacity)    private pages; [matched_len, kv_len) holds written KV
+    on finish                  [matched_len, floor_page(min(len(sequence), kv_len))) goes to the tree, minus
+                               what the tree already had (duplicates); every other private page is freed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+import torch
+
+from .bindings import Binding, BindingTable
+from .kv_store import KvStore
+from .layout import ceil_page, floor_page
+from .offload import OffloadedKv
+from .pages import NO_HOLDER, PageAllocator, PageOwner
+from .radix import PathSegment, RadixCache
+from .tokens import EMPTY
+
+PREFIX_NAMESPACE: Hashable = None  # the pool's radix namespace
+
+
+class Binder:
+    """Page movements of one pool. Not locked: the pool serialises calls."""
+
+    def __init__(self, pages: PageAllocator, radix: RadixCache, table: BindingTable, kv: KvStore,
+                 fresh_page_fill: str) -> None:
+        self.pages, self.radix, self.table, self.kv = pages, radix, table, kv
+        self.page_size = radix.page_size
+        self.fresh_page_fill = fresh_page_fill
+        self.prefix_reuse = True
+        self.prompt_tokens = 0  # cumulative counters, see KvCachePool.prefix_*_tokens
+        self.match_tokens = 0
+        self.insert_tokens = 0
+        self.evict_tokens = 0
+
+    # ------------------------------------------------------------------ planning (changes nothing)
+    def available_pages(self) -> int:
+        """Pages obtainable now: free plus evictable."""
+        return self.pages.free_pages + self.radix.evictable_size // self.page_size
+
+    def plan(self, prompt: np.ndarray, release: Sequence[Binding]) -> tuple[int, int]:
+        """``(matched_len, available_pages)`` for binding ``prompt`` after releasing ``release``: the would-be
+        match (Fix: capped at ``floor_page(len(prompt) - 1)``, never the last prompt token) and the free plus
+        evictable pages once ``release`` is gone and that match is locked."""
+        segments: list[PathSegment] = []
+        if self.prefix_reuse and len(prompt) > 1:
+            cap = floor_page(len(prompt) - 1, self.page_size)
+            segments = self.radix.peek_prefix(prompt[:cap], PREFIX_NAMESPACE)
+        freed = sum(len(b.private_pages(self.page_size)) for b in release if b.offload is None)
+        evictable = self.radix.evictable_size_if([b.locked_node for b in release], segments)
+        return sum(s.matched for s in segments), self.pages.free_pages + freed + evictable // self.page_size
+
+    # ------------------------------------------------------------------ committing (callers planned it)
+    def evict(self, num_tokens: int) -> int:
+        """Evict at least ``num_tokens`` unlocked tree tokens (LRU) and free their pages; returns tokens evicted."""
+        slots = self.radix.evict(num_tokens)
+        self.pages.release(slots[:: self.page_size] // self.page_size)
+        self.evict_tokens += len(slots)
+        return len(slots)
+
+    def take(self, n: int, owner: PageOwner, holder: int = NO_HOLDER, fill: bool = True) -> np.ndarray:
+        """``n`` pages for ``owner``, evicting unlocked tree pages only as far as needed."""
+        short = n - self.pages.free_pages
+        if short > 0:
+            self.evict(short * self.page_size)
+        pages = self.pages.take(n, owner, holder)
+        if fill:
+            self.kv.fill_pages(torch.from_numpy(pages).to(self.kv.device), self.fresh_page_fill)
+        return pages
+
+    def bind(self, prompt: np.ndarray, capacity_pages: int, matched: int, exclusive: bool) -> Binding:
+        """Match and lock ``prompt[:matched]`` (as planned), take the private pages, record the binding."""
+        node = None
+        prefix_pages = EMPTY
+        if matched:
+            match = self.radix.match_prefix(prompt[:matched], PREFIX_NAMESPACE)
+            assert match.length == matched, "the planned match changed before it was committed"
+            node = match.last_node
+            self.radix.inc_lock_ref(node)
+            prefix_pages = match.indices[:: self.page_size] // self.page_size
+        if self.prefix_reuse:
+            self.prompt_tokens += len(prompt)
+            self.match_tokens += matched
+        private = self.take(capacity_pages - len(prefix_pages), PageOwner.PRIVATE, self.table.next_id)
+        return self.table.add(np.concatenate([prefix_pages, private]), capacity_pages * self.page_size, matched,
+                              prompt[:matched].copy(), node, exclusive)
+
+    def release(self, b: Binding, sequence: np.ndarray | None = None) -> None:
+        """Unbind ``b``. With ``sequence`` (and reuse on, and ``b`` resident), first insert its written page-aligned
+        prefix ``sequence[:floor_page(min(len, kv_len))]`` into the tree, which keeps the newly cached pages. Every
+        other private page is freed; the prefix is unlocked."""
+        ps = self.page_size
+        if b.offload is None:
+            private = b.private_pages(ps)
+            keep_lo = keep_hi = 0  # range of ``private`` handed to the tree
+            insert_len = 0
+            if sequence is not None and self.prefix_reuse:
+                insert_len = floor_page(min(len(sequence), self.table.kv_len_of(b)), ps)
+            if insert_len > b.matched_len:
+                assert sequence is not None
+                slots = (b.page_ids[: insert_len // ps, None] * ps + np.arange(ps)).reshape(-1)
+                result = self.radix.insert(sequence[:insert_len], slots, PREFIX_NAMESPACE)
+                assert result.prefix_len >= b.matched_len, "the locked prefix left the tree"
+                keep_lo = (result.prefix_len - b.matched_len) // ps
+                keep_hi = (insert_len - b.matched_len) // ps
+                self.pages.transfer(private[keep_lo:keep_hi], PageOwner.TREE)
+                self.insert_tokens += insert_len - result.prefix_len
+            self.pages.release(np.concatenate([private[:keep_lo], private[keep_hi:]]))
+        self.radix.dec_lock_ref(b.locked_node)
+        self.table.remove(b)
+        b.offload = None
+
+    def alloc(self, num_pages: int) -> np.ndarray:
+        pages = self.take(num_pages, PageOwner.CALLER)
+        return (pages[:, None] * self.page_size + np.arange(self.page_size)).reshape(-1)
+
+    def caller_pages_of(self, slots: np.ndarray) -> np.ndarray:
+        """The page ids of ``slots`` if they are whole caller-owned pages, each as its slots in order, none twice;
+        ValueError naming the first offender otherwise. Changes nothing."""
+        ps = self.page_size
+        if len(slots) % ps:
+            raise ValueError(f"free() requires page-aligned slot count: got {len(slots)} slots, page_size {ps}")
+        num_slots = self.pages.num_pages * ps
+        if len(slots) and slots.max() >= num_slots:
+            raise ValueError(f"free() got slot {int(slots.max())}, past the pool's {num_slots} slots")
+        groups = slots.reshape(-1, ps)
+        pages = groups[:, 0] // ps
+        if not np.array_equal(groups, pages[:, None] * ps + np.arange(ps)):
+            raise ValueError("free() requires whole pages, each as its page_size slots in order (as alloc returned)")
+        if len(np.unique(pages)) != len(pages):
+            raise ValueError(f"free() lists a page twice: pages {pages.tolist()}")
+        bad = self.pages.misowned(pages, PageOwner.CALLER)
+        if len(bad):
+            owner = PageOwner(int(self.pages.owner[bad[0]])).name.lower()
+            raise ValueError(f"free() of page {int(bad[0])}, which is {owner}, not owned by the caller "
+                             f"(double free, or a page alloc() did not return)")
+        return pages
+
+    def free(self, pages: np.ndarray) -> None:
+        self.pages.release(pages)
+
+    def offload(self, b: Binding) -> OffloadedKv:
+        """Copy the pages covering ``b``'s written KV to host, free every private page, mark ``b`` offloaded."""
+        ps = self.page_size
+        private = b.private_pages(ps)
+        saved = ceil_page(self.table.kv_len_of(b), ps) // ps - b.num_prefix_pages(ps)
+        k_raw, v_raw = self.kv.copy_pages_out(torch.from_numpy(private[:saved]).to(self.kv.device))
+        handle = OffloadedKv(b.request_id, len(private), saved, k_raw, v_raw)
+        self.pages.release(private)
+        b.page_ids = np.concatenate([b.page_ids[: b.num_prefix_pages(ps)], np.full(len(private), -1, np.int64)])
+        b.offload = handle
+        return handle
+
+    def restore(self, b: Binding, handle: OffloadedKv) -> None:
+        """Take ``handle.num_private_pages`` pages for ``b`` and write the saved bytes back into them."""
+        pages = self.take(handle.num_private_pages, PageOwner.PRIVATE, b.request_id, fill=False)
+        device_pages = torch.from_numpy(pages).to(self.kv.device)
+        self.kv.copy_pages_in(device_pages[: handle.num_saved_pages], handle.k_raw, handle.v_raw)
+        self.kv.fill_pages(device_pages[handle.num_saved_pages :], self.fresh_page_fill)
+        b.page_ids = np.concatenate([b.page_ids[: b.num_prefix_pages(self.page_size)], pages])
+        b.offload = None
