@@ -23,8 +23,8 @@ Timing covers the pool calls only (bind, put, finish); building the per-request 
 Wall-clock figures are medians over ``--repeats`` runs, reuse and peer interleaved; one extra run under tracemalloc
 measures the Python-heap growth (the tree) and its peak.
 
-    .venv/bin/python benchmarks/cache_trace.py            # defaults (~1 min on 2 cores)
-    .venv/bin/python benchmarks/cache_trace.py --quick    # ~10 s
+    .venv/bin/python benchmarks/cache_trace.py            # defaults (~20 s on 2 cores)
+    .venv/bin/python benchmarks/cache_trace.py --quick    # ~4 s
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -47,6 +48,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from smile_llm.cache import KvCachePool  # noqa: E402
 
 HEAD_DIM = 8
+
+
+def code_version() -> str:
+    """``git`` commit of the checkout (``+dirty`` when smile_llm/ has uncommitted changes), or ``unknown``."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "smile_llm"], capture_output=True,
+                               text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
 
 
 # ---------------------------------------------------------------------------------------------------- the trace
@@ -142,6 +157,7 @@ class RunResult:
     computed_prompt_tokens: int = 0
     written_tokens: int = 0
     clamped: int = 0
+    rejected: int = 0
     above_ideal: int = 0
     below_ideal: int = 0
     latency_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # bind + finish per request
@@ -167,6 +183,9 @@ def run_trace(trace: Trace, num_slots: int, args: argparse.Namespace, reuse: boo
     for i, (c, prompt_end, resp_end) in enumerate(trace.requests):
         seq = trace.sequences[c]
         prompt = seq[:prompt_end]
+        if prompt_end > num_slots:  # bind_with_prefix raises ValueError: even the prompt does not fit
+            res.rejected += 1
+            continue
         t0 = perf()
         matched = pool.bind_with_prefix(prompt, resp_end)
         t1 = perf()
@@ -225,7 +244,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(0: only check_invariants at the end of each run)")
     p.add_argument("--no-peer", action="store_true", help="skip the prefix_reuse_enabled=False peer")
     p.add_argument("--no-tracemalloc", action="store_true", help="skip the extra run under tracemalloc")
-    p.add_argument("--quick", action="store_true", help="a ~10 s run: 80 conversations of 2-6 turns")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch.set_num_threads (0: torch's default); the K/V copies here are tiny")
+    p.add_argument("--quick", action="store_true", help="a few-second run: 80 conversations of 2-6 turns")
     args = p.parse_args(argv)
     if args.quick:
         args.conversations, args.turns = 80, (2, 6)
@@ -239,14 +260,18 @@ def fmt_ms(ns: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     trace = build_trace(args)
     n_req = len(trace.requests)
     prompt_total = sum(p for _, p, _ in trace.requests)
     num_slots = max(args.page_size, page_floor(int(trace.unique_tokens * args.pool_fraction), args.page_size))
     max_seq = max(len(s) for s in trace.sequences)
-    print(f"cache_trace: python {platform.python_version()}, torch {torch.__version__}, "
-          f"{os.cpu_count()} cpus, {torch.get_num_threads()} torch threads")
+    print(f"cache_trace: smile_llm {code_version()}, python {platform.python_version()}, "
+          f"torch {torch.__version__}, "
+          f"{os.cpu_count()} cpus (load average {', '.join(f'{x:.2f}' for x in os.getloadavg())}), "
+          f"{torch.get_num_threads()} torch threads")
     print(f"trace: seed {args.seed}, {args.system_prompts} system prompts of {min(trace.system_lens)}-"
           f"{max(trace.system_lens)} tokens, {args.conversations} conversations, {n_req} requests, "
           f"{prompt_total:,} prompt tokens, {trace.unique_tokens:,} unique tokens, longest sequence {max_seq} "
@@ -274,16 +299,18 @@ def main(argv: list[str] | None = None) -> int:
     p50 = statistics.median(float(np.percentile(x.latency_ns, 50)) for x in runs[True])
     p99 = statistics.median(float(np.percentile(x.latency_ns, 99)) for x in runs[True])
     print(f"\nwith prefix reuse (median of {args.repeats} runs; times are the pool calls bind+put+finish):")
-    print(f"  requests/s            {n_req / pool_s:,.0f}   ({pool_s:.2f} s in pool calls, "
+    served = n_req - r.rejected
+    print(f"  requests/s            {served / pool_s:,.0f}   ({pool_s:.2f} s in pool calls, "
           f"{wall_s:.2f} s wall incl. building K/V)")
-    print(f"  prompt tokens/s       {prompt_total / pool_s:,.0f}")
+    print(f"  prompt tokens/s       {r.prompt_tokens / pool_s:,.0f}")
     print(f"  bind+finish latency   p50 {fmt_ms(p50)}, p99 {fmt_ms(p99)}")
     print(f"  prefix hit rate       {st['prefix_hit_rate']:.4f} (stats), matched/prompt tokens "
           f"{r.matched_tokens / r.prompt_tokens:.4f} ({r.matched_tokens:,} / {r.prompt_tokens:,}); "
           f"infinite-cache ideal {trace.ideal_matched.sum() / prompt_total:.4f}")
     print(f"  evicted tokens        {st['prefix_evict_tokens']:,} (inserted {st['prefix_insert_tokens']:,}, "
           f"cached at end {st['cached_tokens']:,})")
-    print(f"  KV tokens written     {r.written_tokens:,}; clamped requests {r.clamped}")
+    print(f"  KV tokens written     {r.written_tokens:,}; clamped requests {r.clamped}"
+          + (f"; {r.rejected} requests skipped (prompt longer than the pool)" if r.rejected else ""))
     if r.above_ideal:
         print(f"  ERROR: {r.above_ideal} requests matched MORE than an infinite cache could")
     print(f"  requests below ideal  {r.below_ideal} (misses caused by eviction)")
@@ -295,10 +322,11 @@ def main(argv: list[str] | None = None) -> int:
         peer_s = statistics.median(x.pool_seconds for x in runs[False])
         peer_p50 = statistics.median(float(np.percentile(x.latency_ns, 50)) for x in runs[False])
         print(f"\npeer: prefix_reuse_enabled = False (same trace, same process, median of {args.repeats} runs):")
-        print(f"  requests/s            {n_req / peer_s:,.0f}   ({peer_s:.2f} s in pool calls; bind+finish p50 "
+        print(f"  requests/s            {served / peer_s:,.0f}   ({peer_s:.2f} s in pool calls; bind+finish p50 "
               f"{fmt_ms(peer_p50)})")
+        ratio = q.computed_prompt_tokens / max(r.computed_prompt_tokens, 1)
         print(f"  prompt tokens computed {q.computed_prompt_tokens:,} without reuse vs "
-              f"{r.computed_prompt_tokens:,} with reuse: ratio {q.computed_prompt_tokens / r.computed_prompt_tokens:.2f}x")
+              f"{r.computed_prompt_tokens:,} with reuse: ratio {ratio:.2f}x")
         print(f"  KV tokens written      {q.written_tokens:,} without reuse vs {r.written_tokens:,} with reuse")
 
     print("\nmemory:")

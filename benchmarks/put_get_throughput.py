@@ -23,6 +23,8 @@ Timing: ``time.perf_counter`` around a block of N calls (N calibrated so a block
 ``--repeats`` blocks per variant, ours and peer interleaved (alternating which goes first); medians printed.
 GB/s is the K+V payload moved (B*S or B*L tokens x 2 x H x D x element size) per second by ours.
 The goal is raw/ours >= 0.9. A last table measures the fixed per-call overhead (ours - raw) on a tiny layout.
+One torch thread by default (``--threads``): on a small shared machine multi-threaded kernels stall whenever another
+process holds a core, which would drown the comparison.
 
     .venv/bin/python benchmarks/put_get_throughput.py            # defaults (~1 min on 2 cores)
     .venv/bin/python benchmarks/put_get_throughput.py --quick    # ~10 s
@@ -35,6 +37,7 @@ import gc
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -46,6 +49,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from smile_llm.cache import KvCachePool  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def code_version() -> str:
+    """``git`` commit of the checkout (``+dirty`` when smile_llm/ has uncommitted changes), or ``unknown``."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "smile_llm"], capture_output=True,
+                               text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
 
 
 @dataclass(frozen=True)
@@ -215,7 +232,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--repeats", type=int, default=7, help="timed blocks per variant (medians are printed)")
     p.add_argument("--block-ms", type=float, default=40.0, help="target duration of one timed block")
-    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave torch's default)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch.set_num_threads; 0 leaves torch's default (one per core). 1 by default: on a small "
+                        "shared machine, multi-threaded kernels stall whenever another process holds a core")
     p.add_argument("--no-overhead", action="store_true", help="skip the fixed-overhead table")
     p.add_argument("--quick", action="store_true", help="a ~10 s run: smaller contexts, 5 repeats of 5 ms blocks")
     args = p.parse_args(argv)
@@ -232,8 +251,8 @@ def print_table(rows: list[Row]) -> None:
     print(head)
     print("-" * len(head))
     for r in rows:
-        flag = "" if r.ratio >= 0.9 else "  < 0.9"
-        print(f"{r.case:<30} {r.dtype:<9} {r.op:<13} {r.raw_us:>9.1f} {r.ours_us:>9.1f} {r.ratio:>8.2f} "
+        flag = "" if r.ratio >= 0.9 else "  < 0.9"  # same test as the count below
+        print(f"{r.case:<30} {r.dtype:<9} {r.op:<13} {r.raw_us:>9.1f} {r.ours_us:>9.1f} {r.ratio:>8.3f} "
               f"{r.gbps:>7.2f}{flag}")
 
 
@@ -242,9 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"put_get_throughput: python {platform.python_version()}, torch {torch.__version__}, "
-          f"{os.cpu_count()} cpus, {torch.get_num_threads()} torch threads; layout 1 layer x {args.heads} KV heads "
-          f"x head_dim {args.head_dim}, page_size 16; medians of {args.repeats} blocks of ~{args.block_ms:g} ms\n")
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"put_get_throughput: smile_llm {code_version()}, python {platform.python_version()}, "
+          f"torch {torch.__version__}, {os.cpu_count()} cpus (load average {load}), "
+          f"{torch.get_num_threads()} torch threads")
+    print(f"layout 1 layer x {args.heads} KV heads x head_dim {args.head_dim}, page_size 16; medians of "
+          f"{args.repeats} blocks of ~{args.block_ms:g} ms, ours and raw interleaved\n")
     gc_was = gc.isenabled()
     gc.disable()
     try:
@@ -254,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows += bench_case(case, dtype, args.heads, args.head_dim, args)
         print_table(rows)
         miss = [r for r in rows if r.ratio < 0.9]
-        print(f"\n{len(rows) - len(miss)} of {len(rows)} rows meet raw/ours >= 0.9")
+        print(f"\n{len(rows) - len(miss)} of {len(rows)} rows meet raw/ours >= 0.9 "
+              f"(load average at the end {', '.join(f'{x:.2f}' for x in os.getloadavg())})")
         if not args.no_overhead:
             print("\nfixed per-call overhead on a tiny layout (1 KV head x head_dim 8, float32): ours - raw")
             tiny: list[Row] = []

@@ -48,6 +48,9 @@ class KvStore:
         self._k_raw = self.key_cache.view(torch.uint8) if self.is_fp8 else self.key_cache
         self._v_raw = self.value_cache.view(torch.uint8) if self.is_fp8 else self.value_cache
         self._fp8_max = float(torch.finfo(dtype).max) if self.is_fp8 else 0.0
+        self.head_shape = self.key_cache.shape[2:]  # torch.Size([Hkv, D])
+        self._k_layers = list(self._k_raw.unbind(0))  # per-layer views, built once (put/get run per layer)
+        self._v_layers = list(self._v_raw.unbind(0))
         self.page_bytes = page_size * num_kv_heads * head_dim * self.key_cache.element_size()
 
     # ------------------------------------------------------------------ token-level
@@ -67,13 +70,13 @@ class KvStore:
 
     def write(self, layer: int, slot_idx: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """``k``/``v`` are ``[N, Hkv, D]``; row i goes to slot ``slot_idx[i]`` of ``layer``."""
-        self._k_raw[layer].index_copy_(0, slot_idx, self._encode(k, self.k_scale))
-        self._v_raw[layer].index_copy_(0, slot_idx, self._encode(v, self.v_scale))
+        self._k_layers[layer].index_copy_(0, slot_idx, self._encode(k, self.k_scale))
+        self._v_layers[layer].index_copy_(0, slot_idx, self._encode(v, self.v_scale))
 
     def read(self, layer: int, slot_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``[N, Hkv, D]`` gathers of K and V at ``slot_idx`` in the compute dtype."""
-        k = self._decode(self._k_raw[layer].index_select(0, slot_idx), self.k_scale)
-        v = self._decode(self._v_raw[layer].index_select(0, slot_idx), self.v_scale)
+        k = self._decode(self._k_layers[layer].index_select(0, slot_idx), self.k_scale)
+        v = self._decode(self._v_layers[layer].index_select(0, slot_idx), self.v_scale)
         return k, v
 
     # ------------------------------------------------------------------ page-level
@@ -141,3 +144,4 @@ class KvStore:
         empty = torch.zeros(0, dtype=self.dtype, device=self.device)
         self.key_cache = self.value_cache = empty
         self._k_raw = self._v_raw = empty
+        self._k_layers, self._v_layers = [], []

@@ -345,6 +345,8 @@ class KvCachePool:
 
     # ------------------------------------------------------------------ writing and reading KV (API.md 3.2)
     def _check_layer(self, layer: Any) -> int:
+        if type(layer) is int and 0 <= layer < self.num_layers:
+            return layer
         return as_int(layer, "layer", minimum=0, maximum=self.num_layers - 1)
 
     @_locked

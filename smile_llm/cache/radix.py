@@ -321,8 +321,7 @@ class RadixCache:
         if node is None:
             return 0
         with self._lock:
-            if node.evicted:
-                raise ValueError(f"cannot lock {node!r}: it was evicted; match the prefix again")
+            self._check_live(node, "inc_lock_ref")
             delta = 0
             while node is not self.root:
                 assert node is not None
@@ -341,6 +340,7 @@ class RadixCache:
         if node is None:
             return 0
         with self._lock:
+            self._check_live(node, "dec_lock_ref")
             path = list(self._path_to_root(node))
             unlocked = [n for n in path if n.lock_ref < 1]
             if unlocked:
@@ -357,6 +357,17 @@ class RadixCache:
                 n.lock_ref -= 1
                 self._update_leaf_status(n)
             return delta
+
+    def _check_live(self, node: TreeNode, verb: str) -> None:
+        """ValueError unless ``node`` is a live node of this tree (not evicted, not from before a ``reset`` or from
+        another cache): its parent chain must end at this root."""
+        if node.evicted:
+            raise ValueError(f"{verb}({node!r}): the node was evicted; match the prefix again")
+        n: TreeNode | None = node
+        while n is not None and n is not self.root:
+            n = n.parent
+        if n is None:
+            raise ValueError(f"{verb}({node!r}): the node is not in this tree (another cache, or before reset())")
 
     def _path_to_root(self, node: TreeNode) -> Iterator[TreeNode]:
         while node is not self.root:

@@ -31,12 +31,15 @@ class ActiveStep:
         self.matched = np.array([b.matched_len for b in bindings], dtype=np.int64)  # int64[B]
         self.min_capacity = int(self.capacity.min())
         self.max_capacity = int(self.capacity.max())
+        self.max_matched = int(self.matched.max())
+        self.row0 = int(self.rows[0])
         table = np.zeros((self.batch, self.max_capacity // page_size), dtype=np.int64)
         for i, b in enumerate(bindings):
             table[i, : len(b.page_ids)] = b.page_ids
         self.page_table = table  # int64[B, max_pages], host
         self._zeros = np.zeros(self.batch, dtype=np.int64)
         self._index_cache: tuple[tuple[bytes, int, bool], torch.Tensor] | None = None
+        self._last_window: tuple[Any, int] | None = None  # the last window write() advanced kv_len for
 
     # ------------------------------------------------------------------ slot ids
     def slots(self, start: np.ndarray, length: int, clamp: bool = False) -> np.ndarray:
@@ -87,39 +90,67 @@ class ActiveStep:
         if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.shape != (n,):
             got = f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}"
             raise ValueError(f"{name} must be an int64 tensor of shape [{n}], got {got}")
-        if not same_device(idx.device, self.device):
+        if not self.on_device(idx):
             raise ValueError(f"{name} must be on the pool's device {self.device}, got {idx.device}")
         return idx
 
     # ------------------------------------------------------------------ K/V verbs
+    def on_device(self, t: torch.Tensor) -> bool:
+        if self.device.type == "cpu":
+            return t.is_cpu
+        return same_device(t.device, self.device)
+
     def write(self, kv: KvStore, kv_len: np.ndarray, layer: int, start_pos: Any, k: Any, v: Any,
               slot_idx: Any) -> None:
         """``put`` for this step: validate everything, write, then advance ``kv_len`` (a put at
-        ``start <= kv_len`` raises it to ``start + S``; one past it leaves a gap and moves nothing)."""
-        for name, t in (("k", k), ("v", v)):
-            if not isinstance(t, torch.Tensor):
-                raise ValueError(f"{name} must be a torch.Tensor [B, S, Hkv, D], got {type(t).__name__}")
-        head_shape = kv.key_cache.shape[2:]
-        if k.dim() != 4 or k.shape != v.shape or k.shape[0] != self.batch or k.shape[2:] != head_shape:
+        ``start <= kv_len`` raises it to ``start + S``; one past it leaves a gap and moves nothing). The common
+        case (an int ``start_pos``) is checked with scalars only: this runs once per layer per step."""
+        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+            raise ValueError(f"k and v must be torch.Tensor [B, S, Hkv, D], got {type(k).__name__}, "
+                             f"{type(v).__name__}")
+        shape = k.shape
+        head_shape = kv.head_shape
+        if len(shape) != 4 or shape != v.shape or shape[0] != self.batch or shape[2:] != head_shape:
             raise ValueError(f"k and v must both be [B={self.batch}, S, Hkv, D]={tuple(head_shape)} heads, got "
-                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+                             f"{tuple(shape)} and {tuple(v.shape)}")
         if not (k.dtype.is_floating_point and v.dtype.is_floating_point):
             raise ValueError(f"k and v must be floating point, got {k.dtype} and {v.dtype}")
-        if not (same_device(k.device, self.device) and same_device(v.device, self.device)):
+        if not (self.on_device(k) and self.on_device(v)):
             raise ValueError(f"k and v must be on the pool's device {self.device}, got {k.device} and {v.device}")
-        seqlen = k.shape[1]
-        start = self.window(start_pos, seqlen, "put")
-        below = start < self.matched
-        if below.any():
-            b = int(np.argmax(below))
-            raise ValueError(f"put row {b} at start_pos={int(start[b])} is below its matched prefix "
-                             f"({int(self.matched[b])} tokens, owned by the prefix tree); write from the matched "
-                             f"length on")
+        seqlen = shape[1]
+        if type(start_pos) is int and 0 <= start_pos and start_pos + seqlen <= self.min_capacity \
+                and start_pos >= self.max_matched:
+            start: np.ndarray | int = start_pos  # fast path: every check passed on scalars
+        else:
+            start = self.window(start_pos, seqlen, "put")
+            below = start < self.matched
+            if below.any():
+                b = int(np.argmax(below))
+                raise ValueError(f"put row {b} at start_pos={int(start[b])} is below its matched prefix "
+                                 f"({int(self.matched[b])} tokens, owned by the prefix tree); write from the "
+                                 f"matched length on")
         n = self.batch * seqlen
-        idx = self.index(start, seqlen) if slot_idx is None else self.check_index(slot_idx, n, "slot_idx")
+        if slot_idx is not None:
+            idx = self.check_index(slot_idx, n, "slot_idx")
+        else:
+            idx = self.index(self._zeros + start if isinstance(start, int) else start, seqlen)
         kv.write(layer, idx, k.reshape(n, *head_shape), v.reshape(n, *head_shape))
-        old = kv_len[self.rows]
-        kv_len[self.rows] = np.where(start <= old, np.maximum(old, start + seqlen), old)
+        # Advancing kv_len is idempotent for a repeated window, so the layers after the first skip it.
+        window = (start, seqlen) if isinstance(start, int) else (start.tobytes(), seqlen)
+        if window == self._last_window:
+            return
+        self._last_window = window
+        if self.batch == 1 and isinstance(start, int):
+            row = self.row0
+            if start <= kv_len[row] < start + seqlen:
+                kv_len[row] = start + seqlen
+        else:
+            old = kv_len[self.rows]
+            kv_len[self.rows] = np.where(start <= old, np.maximum(old, start + seqlen), old)
+
+    def forget_window(self) -> None:
+        """Call whenever ``kv_len`` of an active row changes outside ``write`` (seal, truncate, invalidate)."""
+        self._last_window = None
 
     def read(self, kv: KvStore, layer: int, length: Any, padded: bool = False,
              idx: Any = None) -> tuple[torch.Tensor, torch.Tensor]:

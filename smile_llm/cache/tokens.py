@@ -19,6 +19,8 @@ def as_int_array(values: Any, what: str) -> np.ndarray:
         raise ValueError(f"{what} must be a sequence of non-negative ints, got None")
     if hasattr(values, "detach") and hasattr(values, "cpu"):  # torch.Tensor without importing torch here
         values = values.detach().cpu().numpy()
+    elif isinstance(values, (list, tuple)) and bool in map(type, values):  # numpy would promote True to 1
+        raise ValueError(f"{what} must hold ints, got a bool among them")
     try:
         arr = np.asarray(values)
     except (TypeError, ValueError) as exc:
