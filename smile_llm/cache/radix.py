@@ -108,9 +108,9 @@ class RadixCache:
     """Prefix tree over tokens, page-granular. Thread-safe: every public method runs under one internal lock."""
 
     def __init__(self, page_size: int = 1) -> None:
-        if not isinstance(page_size, int) or isinstance(page_size, bool) or page_size < 1:
+        if not isinstance(page_size, (int, np.integer)) or isinstance(page_size, bool) or page_size < 1:
             raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
-        self.page_size = page_size
+        self.page_size = int(page_size)
         self._lock = threading.RLock()
         self._clock = 0
         self.reset()
@@ -149,6 +149,14 @@ class RadixCache:
 
     def _aligned(self, n: int) -> int:
         return (n // self.page_size) * self.page_size
+
+    @staticmethod
+    def _check_namespace(extra_key: Hashable) -> None:
+        try:
+            hash(extra_key)
+        except TypeError:
+            raise ValueError(f"extra_key must be hashable (e.g. a str or a tuple like ('lora', name)), got "
+                             f"{type(extra_key).__name__}") from None
 
     def _child_key(self, extra_key: Hashable, tokens: np.ndarray, offset: int) -> tuple[Hashable, bytes]:
         return (extra_key, tokens[offset : offset + self.page_size].tobytes())
@@ -209,6 +217,7 @@ class RadixCache:
         Splits a node when the match ends inside its edge and refreshes LRU times along the path. A miss returns
         empty indices and the root. Raises ValueError for tokens that are not non-negative ints."""
         toks = as_int_array(tokens, "tokens")
+        self._check_namespace(extra_key)
         with self._lock:
             toks = toks[: self._aligned(len(toks))]
             if len(toks) == 0:
@@ -231,6 +240,7 @@ class RadixCache:
     def peek_prefix(self, tokens: Iterable[int], extra_key: Hashable = None) -> list[PathSegment]:
         """The path ``match_prefix`` would take, as segments, changing nothing (no split, no LRU touch)."""
         toks = as_int_array(tokens, "tokens")
+        self._check_namespace(extra_key)
         with self._lock:
             return self._walk(toks[: self._aligned(len(toks))], extra_key)
 
@@ -249,6 +259,10 @@ class RadixCache:
         shorter than the aligned token count or either array is not non-negative ints."""
         toks = as_int_array(tokens, "tokens")
         kv = as_int_array(kv_indices, "kv_indices")
+        self._check_namespace(extra_key)
+        if isinstance(priority, bool) or not isinstance(priority, (int, np.integer)):
+            raise ValueError(f"priority must be an int, got {type(priority).__name__} {priority!r}")
+        priority = int(priority)
         with self._lock:
             aligned = self._aligned(len(toks))
             if len(kv) < aligned:

@@ -19,8 +19,13 @@ def as_int_array(values: Any, what: str) -> np.ndarray:
         raise ValueError(f"{what} must be a sequence of non-negative ints, got None")
     if hasattr(values, "detach") and hasattr(values, "cpu"):  # torch.Tensor without importing torch here
         values = values.detach().cpu().numpy()
-    elif isinstance(values, (list, tuple)) and bool in map(type, values):  # numpy would promote True to 1
-        raise ValueError(f"{what} must hold ints, got a bool among them")
+    elif isinstance(values, (list, tuple)):
+        odd = [t for t in set(map(type, values)) if t is bool or not issubclass(t, (int, np.integer))]
+        if odd and not all(issubclass(t, (list, tuple, np.ndarray)) for t in odd):  # nested: the ndim check says
+            raise ValueError(f"{what} must hold ints, got elements of type {odd[0].__name__}")
+    elif not hasattr(values, "__len__") and hasattr(values, "__iter__"):  # a generator or other iterator
+        values = list(values)
+        return as_int_array(values, what)
     try:
         arr = np.asarray(values)
     except (TypeError, ValueError) as exc:

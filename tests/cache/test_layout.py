@@ -69,7 +69,7 @@ def test_given_bad_geometry_when_of_then_value_error(args) -> None:
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, None])
 def test_given_bad_field_when_constructed_then_value_error(field, bad) -> None:
     # Given
-    args = dict(num_layers=2, num_kv_heads=2, head_dim=16, max_batch_size=1, max_seq_len=16)
+    args = {"num_layers": 2, "num_kv_heads": 2, "head_dim": 16, "max_batch_size": 1, "max_seq_len": 16}
     args[field] = bad
 
     # When / Then
