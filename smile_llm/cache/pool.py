@@ -377,7 +377,7 @@ class KvCachePool:
     def slot_indices(self, length: int) -> np.ndarray:
         """Host ``int64[B*length]`` physical slots of positions ``[0, length)``, row-major."""
         step = self._require_step()
-        return step.slots(np.zeros(step.batch, np.int64), step.read_length(length, padded=False))
+        return step.slots(0, step.read_length(length, padded=False))
 
     @_locked
     def window_slot_indices(self, start_pos: Any, seqlen: int) -> np.ndarray:

@@ -37,25 +37,39 @@ class ActiveStep:
         for i, b in enumerate(bindings):
             table[i, : len(b.page_ids)] = b.page_ids
         self.page_table = table  # int64[B, max_pages], host
-        self._zeros = np.zeros(self.batch, dtype=np.int64)
-        self._index_cache: tuple[tuple[bytes, int, bool], torch.Tensor] | None = None
+        self._page_offsets = np.arange(page_size, dtype=np.int64)
+        self._arange = np.arange(self.max_capacity, dtype=np.int64)
+        last_pages = table[np.arange(self.batch), self.capacity // page_size - 1]
+        self._last_slot = last_pages * page_size + page_size - 1  # int64[B], each row's last slot
+        self._index_cache: tuple[tuple[Any, int, bool], torch.Tensor] | None = None
         self._last_window: tuple[Any, int] | None = None  # the last window write() advanced kv_len for
 
     # ------------------------------------------------------------------ slot ids
-    def slots(self, start: np.ndarray, length: int, clamp: bool = False) -> np.ndarray:
-        """Physical slots of positions ``[start_b, start_b + length)`` of every row, row-major ``int64[B*length]``.
-        With ``clamp``, positions past a row's capacity repeat its last slot. Positions must be in range."""
-        pos = start[:, None] + np.arange(length, dtype=np.int64)
+    def slots(self, start: np.ndarray | int, length: int, clamp: bool = False) -> np.ndarray:
+        """Physical slots of positions ``[start_b, start_b + length)`` of every row, row-major ``int64[B*length]``;
+        ``start`` is one int for all rows or ``int64[B]``. With ``clamp``, positions past a row's capacity repeat its
+        last slot. Work is O(B * length) numpy over whole pages; positions must be in range (clamped or not)."""
+        ps = self.page_size
+        if isinstance(start, (int, np.integer)) or (start == start[0]).all():
+            s0 = int(start if isinstance(start, (int, np.integer)) else start[0])
+            first, end = s0 // ps, -(-(s0 + length) // ps)
+            pages = self.page_table[:, first:end]  # [B, n_pages]; rows shorter than ``end`` read page 0 here
+            slots = (pages[:, :, None] * ps + self._page_offsets).reshape(self.batch, -1)
+            slots = slots[:, s0 - first * ps : s0 - first * ps + length]
+            if clamp and self.min_capacity < s0 + length:
+                pos = s0 + self._arange[:length]
+                slots = np.where(pos >= self.capacity[:, None], self._last_slot[:, None], slots)
+            return np.ascontiguousarray(slots).reshape(-1)
+        pos = start[:, None] + self._arange[:length]
         if clamp:
             pos = np.minimum(pos, (self.capacity - 1)[:, None])
-        ps = self.page_size
-        pages = np.take_along_axis(self.page_table, pos // ps, axis=1)
-        return (pages * ps + pos % ps).reshape(-1)
+        flat = (np.arange(self.batch) * self.page_table.shape[1])[:, None] + pos // ps
+        return (self.page_table.reshape(-1)[flat] * ps + pos % ps).reshape(-1)
 
-    def index(self, start: np.ndarray, length: int, clamp: bool = False) -> torch.Tensor:
+    def index(self, start: np.ndarray | int, length: int, clamp: bool = False) -> torch.Tensor:
         """``slots(...)`` as an int64 tensor on the pool's device; the last one is cached (the layers of one step
         reuse it)."""
-        key = (start.tobytes(), length, clamp)
+        key = (start if isinstance(start, int) else start.tobytes(), length, clamp)
         cached = self._index_cache
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -133,7 +147,7 @@ class ActiveStep:
         if slot_idx is not None:
             idx = self.check_index(slot_idx, n, "slot_idx")
         else:
-            idx = self.index(self._zeros + start if isinstance(start, int) else start, seqlen)
+            idx = self.index(start, seqlen)
         kv.write(layer, idx, k.reshape(n, *head_shape), v.reshape(n, *head_shape))
         # Advancing kv_len is idempotent for a repeated window, so the layers after the first skip it.
         window = (start, seqlen) if isinstance(start, int) else (start.tobytes(), seqlen)
@@ -157,7 +171,7 @@ class ActiveStep:
         """``get`` / ``get_padded`` for this step: ``[B, length, Hkv, D]`` in the compute dtype."""
         length = self.read_length(length, padded)
         if idx is None:
-            idx = self.index(self._zeros, length, clamp=padded)
+            idx = self.index(0, length, clamp=padded)
         else:
             idx = self.check_index(idx, self.batch * length, "idx")
         k, v = kv.read(layer, idx)
