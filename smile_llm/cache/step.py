@@ -18,6 +18,8 @@ from .checks import as_int, as_positions, same_device
 from .errors import KvCacheExhaustedError
 from .kv_store import KvStore
 
+INDEX_CACHE_ENTRIES = 4  # a step's write window, its read, and a padded read fit
+
 
 class ActiveStep:
     def __init__(self, bindings: list[Binding], page_size: int, device: torch.device) -> None:
@@ -41,7 +43,7 @@ class ActiveStep:
         self._arange = np.arange(self.max_capacity, dtype=np.int64)
         last_pages = table[np.arange(self.batch), self.capacity // page_size - 1]
         self._last_slot = last_pages * page_size + page_size - 1  # int64[B], each row's last slot
-        self._index_cache: tuple[tuple[Any, int, bool], torch.Tensor] | None = None
+        self._index_cache: dict[tuple[Any, int, bool], torch.Tensor] = {}  # oldest first
         self._last_window: tuple[Any, int] | None = None  # the last window write() advanced kv_len for
 
     # ------------------------------------------------------------------ slot ids
@@ -67,16 +69,17 @@ class ActiveStep:
         return (self.page_table.reshape(-1)[flat] * ps + pos % ps).reshape(-1)
 
     def index(self, start: np.ndarray | int, length: int, clamp: bool = False) -> torch.Tensor:
-        """``slots(...)`` as an int64 tensor on the pool's device; the last one is cached (the layers of one step
-        reuse it)."""
+        """``slots(...)`` as an int64 tensor on the pool's device. The last few are cached, so the layers of one
+        step reuse both the write window's index and the read's."""
         key = (start if isinstance(start, int) else start.tobytes(), length, clamp)
-        cached = self._index_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        idx = torch.from_numpy(self.slots(start, length, clamp))
-        if self.device.type != "cpu":
-            idx = idx.to(self.device, non_blocking=True)
-        self._index_cache = (key, idx)
+        idx = self._index_cache.get(key)
+        if idx is None:
+            idx = torch.from_numpy(self.slots(start, length, clamp))
+            if self.device.type != "cpu":
+                idx = idx.to(self.device, non_blocking=True)
+            if len(self._index_cache) >= INDEX_CACHE_ENTRIES:
+                del self._index_cache[next(iter(self._index_cache))]
+            self._index_cache[key] = idx
         return idx
 
     def window(self, start_pos: Any, seqlen: int, what: str) -> np.ndarray:
