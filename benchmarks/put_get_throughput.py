@@ -11,13 +11,13 @@ precomputed index (``idx = torch.from_numpy(pool.window_slot_indices(start, S))`
 
 where ``K``/``V`` are ``pool.key_cache[0]``/``pool.value_cache[0]`` taken once (the cheapest raw call). Variants:
 
-    put fresh    pool.put(0, start, k, v), alternating two start positions (start, start + 16) so the pool
-                 builds the slot index on every call: what a model that passes no slot_idx pays on every layer
-                 when put and get alternate (the step caches only its last index). The peer alternates too.
+    put fresh    pool.put(0, start, k, v), cycling through 8 start positions (start + 16 j) so the pool
+                 builds the slot index on every call (the step caches its last 4 index tensors). The peer cycles
+                 through the same windows.
     put cached   pool.put(0, start, k, v) with the same start every call (index cached by the step)
     put slot_idx pool.put(0, start, k, v, slot_idx=idx) with a precomputed index (models compute it once a step)
     get cached   pool.get(0, ctx), same length every call (index cached by the step)
-    get fresh    pool.get(0, L) alternating L = ctx and ctx - 16 (index rebuilt every call); the peer alternates
+    get fresh    pool.get(0, L) cycling L = ctx + 16 j, j < 8 (index rebuilt every call); the peer cycles too
 
 Timing: ``time.perf_counter`` around a block of N calls (N calibrated so a block lasts ``--block-ms``), GC off;
 ``--repeats`` blocks per variant, ours and peer interleaved (alternating which goes first); medians printed.
@@ -139,10 +139,13 @@ class Row:
         return self.raw_us / self.ours_us
 
 
+FRESH_WINDOWS = 8  # distinct windows of the fresh variants: more than ActiveStep's index cache holds
+
+
 def bench_case(case: Case, dtype: torch.dtype, heads: int, head_dim: int, args: argparse.Namespace) -> list[Row]:
     ps = 16
     B, S, ctx = case.batch, case.seqlen, case.ctx
-    capacity = ctx + ps
+    capacity = ctx + FRESH_WINDOWS * ps
     num_slots = B * capacity
     pool = KvCachePool(1, num_slots, heads, head_dim, page_size=ps, dtype=dtype)
     ids = pool.bind_requests(B, capacity)
@@ -150,8 +153,9 @@ def bench_case(case: Case, dtype: torch.dtype, heads: int, head_dim: int, args: 
     gen = torch.Generator().manual_seed(0)
     k = torch.randn(B, S, heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(B, S, heads, head_dim, generator=gen).to(dtype)
-    starts = (ctx - S, ctx - S + ps)  # two windows (capacity is ctx + ps), so "fresh" calls rebuild the index
-    lengths = (ctx, ctx - ps)
+    # more windows than the step's index cache holds, so "fresh" calls rebuild the index every time
+    starts = [ctx - S + j * ps for j in range(FRESH_WINDOWS)]
+    lengths = [ctx + j * ps for j in range(FRESH_WINDOWS)]
     put_idx = [torch.from_numpy(pool.window_slot_indices(s, S)) for s in starts]
     get_idx = [torch.from_numpy(pool.slot_indices(length)) for length in lengths]
     kc, vc = pool.key_cache[0], pool.value_cache[0]
@@ -172,12 +176,12 @@ def bench_case(case: Case, dtype: torch.dtype, heads: int, head_dim: int, args: 
         vc.index_copy_(0, idx, v.reshape(-1, heads, head_dim))
 
     def raw_put_alt(i: int) -> None:
-        idx = put_idx[i & 1]
+        idx = put_idx[i % FRESH_WINDOWS]
         kc.index_copy_(0, idx, k.reshape(-1, heads, head_dim))
         vc.index_copy_(0, idx, v.reshape(-1, heads, head_dim))
 
     def ours_put_fresh(i: int) -> None:
-        pool.put(0, starts[i & 1], k, v)
+        pool.put(0, starts[i % FRESH_WINDOWS], k, v)
 
     def ours_put_cached(i: int) -> None:
         pool.put(0, starts[0], k, v)
@@ -191,7 +195,7 @@ def bench_case(case: Case, dtype: torch.dtype, heads: int, head_dim: int, args: 
             B, ctx, heads, head_dim)
 
     def raw_get_alt(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx, length = get_idx[i & 1], lengths[i & 1]
+        idx, length = get_idx[i % FRESH_WINDOWS], lengths[i % FRESH_WINDOWS]
         return kc.index_select(0, idx).view(B, length, heads, head_dim), vc.index_select(0, idx).view(
             B, length, heads, head_dim)
 
@@ -199,12 +203,12 @@ def bench_case(case: Case, dtype: torch.dtype, heads: int, head_dim: int, args: 
         return pool.get(0, ctx)
 
     def ours_get_fresh(i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return pool.get(0, lengths[i & 1])
+        return pool.get(0, lengths[i % FRESH_WINDOWS])
 
     esize = torch.empty(0, dtype=dtype).element_size()
     put_bytes = 2 * B * S * heads * head_dim * esize
     get_bytes = 2 * B * ctx * heads * head_dim * esize
-    get_alt_bytes = 2 * B * (sum(lengths) / 2) * heads * head_dim * esize
+    get_alt_bytes = 2 * B * (sum(lengths) / len(lengths)) * heads * head_dim * esize
     rows = []
     name = f"{case.name} B={B} S={S} ctx={ctx}"
     dname = str(dtype).replace("torch.", "")
