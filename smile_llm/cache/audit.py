@@ -8,7 +8,8 @@ Invariants checked (the first broken one raises KvCacheCorruptionError naming th
    own, ``matched_len <= kv_len <= capacity``, and an offloaded binding holds no private page;
 4. each node's ``lock_ref`` equals the number of bindings whose locked path runs through it, the evictable and
    protected sizes equal the unlocked and locked token counts, and the evictable-leaf set is exact;
-5. the active step lists bound, resident requests whose page tables match their bindings.
+5. the active step lists bound, resident requests whose page tables match their bindings;
+6. scratch pages are exactly the prefetch state's.
 """
 
 from __future__ import annotations
@@ -114,10 +115,10 @@ def check_invariants(pool: KvCachePool) -> None:
             locks[locked.id] += 1
             locked = locked.parent
 
-    # 1. caller and scratch pages are recorded only in the owner table
-    for owner in (PageOwner.CALLER, PageOwner.SCRATCH):
-        loose = np.flatnonzero((pages.owner == owner) & (claims.owner == UNCLAIMED))
-        claims.claim(loose, owner, owner.name.lower())
+    # 1. scratch pages belong to the prefetch state; caller pages are recorded only in the owner table
+    claims.claim(pool._prefetch.scratch_pages, PageOwner.SCRATCH, "prefetch scratch")
+    loose = np.flatnonzero((pages.owner == PageOwner.CALLER) & (claims.owner == UNCLAIMED))
+    claims.claim(loose, PageOwner.CALLER, "a caller (alloc)")
     unclaimed = np.flatnonzero(claims.owner == UNCLAIMED)
     if len(unclaimed):
         p = int(unclaimed[0])

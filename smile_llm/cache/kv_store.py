@@ -101,6 +101,12 @@ class KvStore:
             self._k_raw.index_fill_(1, slots, float("nan"))
             self._v_raw.index_fill_(1, slots, float("nan"))
 
+    def zero_slots(self, slots: torch.Tensor) -> None:
+        """Zero K and V of ``slots`` on every layer (all-zero bytes are 0.0 in every supported dtype)."""
+        if len(slots):
+            self._k_raw.index_fill_(1, slots, 0)
+            self._v_raw.index_fill_(1, slots, 0)
+
     def copy_pages_out(self, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw contents of ``page_ids`` on every layer, as host tensors ``[L, n*page_size, Hkv, D]``."""
         slots = self.page_slots(page_ids)

@@ -22,6 +22,8 @@ from .. import env
 from . import audit, factories
 from .binder import Binder
 from .bindings import Binding, BindingTable
+from .graph_buffers import DecodeGraphBuffers, PrefetchState, VerifyGraphBuffers
+from .metadata import FlashInferKvMetadata, build_csr
 from .checks import as_int
 from .errors import KvCacheExhaustedError, NoActiveStepError, PoolClosedError, RequestOffloadedError
 from .kv_store import FILL_MODES, KvStore
@@ -79,6 +81,9 @@ class KvCachePool:
         self._lock = threading.RLock()
         self._closed = False
         self._binder = Binder(self._pages, self._radix, self._table, self._kv, fresh_page_fill)
+        self._decode = DecodeGraphBuffers(self.device)
+        self._verify = VerifyGraphBuffers(self.page_size, self.device)
+        self._prefetch = PrefetchState()
 
     # ------------------------------------------------------------------ factories (API.md section 1 and 3)
     allocate = classmethod(factories.allocate)
@@ -161,7 +166,10 @@ class KvCachePool:
         return (f"{self._pages.free_pages} free and {self._radix.evictable_size // self.page_size} evictable pages")
 
     def _clear_step(self) -> None:
+        """Drop the active step with its step CSR; prepared graph indices no longer apply to any batch."""
         self._step = None
+        self._decode.forget()
+        self._verify.forget()
 
     def _activate(self, bindings: list[Binding]) -> None:
         if self._step is not None and self._step.ids == tuple(b.request_id for b in bindings):
@@ -356,9 +364,22 @@ class KvCachePool:
         (cast to the pool dtype; FP8 stores ``x / scale``); ``start_pos`` is an int or one per row. A put at
         ``start <= kv_len`` raises ``kv_len`` to ``start + S``. Raises KvCacheExhaustedError past a row's capacity and
         ValueError below its matched prefix or for a wrong shape, dtype family or device; nothing is written then.
-        ``slot_idx`` is an optional precomputed ``int64[B*S]`` equal to ``window_slot_indices(start_pos, S)``."""
-        self._require_step().write(self._kv, self._table.kv_len, self._check_layer(layer), start_pos, k, v,
-                                   slot_idx)
+        ``slot_idx`` is an optional precomputed ``int64[B*S]`` equal to ``window_slot_indices(start_pos, S)``.
+
+        With ``decode_graph_buffers`` on and S == 1, or with ``verify_graph_buffers`` on, the write goes through the
+        prepared fixed index buffer: RuntimeError if none is prepared for this step and shape, ValueError if
+        ``start_pos`` differs from the prepared positions."""
+        step = self._require_step()
+        layer = self._check_layer(layer)
+        advance = True
+        seqlen = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else None  # else write() raises
+        if seqlen is not None and (self._decode.enabled or self._verify.enabled):
+            if self._decode.enabled and seqlen == 1:
+                slot_idx = self._decode.index_for(step, step.start_of(start_pos))
+                advance = not self._decode.scratch  # capture writes to scratch slots are not the rows' KV
+            elif self._verify.enabled:
+                slot_idx = self._verify.index_for(step, step.start_of(start_pos), seqlen)
+        step.write(self._kv, self._table.kv_len, layer, start_pos, k, v, slot_idx, advance)
 
     @_locked
     def get(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -409,6 +430,262 @@ class KvCachePool:
             raise RuntimeError("set_kv_scales while KV is stored would rescale it; call it before binding, "
                                "after unbind_requests() and with an empty prefix tree")
         self._kv.k_scale, self._kv.v_scale = float(k_scale), float(v_scale)
+
+    # ------------------------------------------------------------------ FlashInfer CSR metadata (API.md 3.3)
+    @_locked
+    def build_flashinfer_metadata(self, lengths: Any) -> FlashInferKvMetadata:
+        """A caller-owned CSR of the active rows at ``lengths`` (an int for every row, or one per row; 0 gives an
+        empty row with ``last_page_len`` 0), each at most the row's capacity (ValueError beyond)."""
+        step = self._require_step()
+        return build_csr(step.page_table, step.lengths(lengths, "lengths"), self.page_size, self.device)
+
+    @_locked
+    def shared_flashinfer_metadata(self, lengths: Any) -> FlashInferKvMetadata:
+        """The step-scoped CSR every layer of one forward shares (do not modify it): reused when the lengths are
+        unchanged, bumped in place (same tensors, only ``last_page_len`` rewritten) when every row keeps its page
+        count, rebuilt otherwise."""
+        step = self._require_step()
+        return step.csr.get(step.page_table, step.lengths(lengths, "lengths"))[0]
+
+    @_locked
+    def clear_step_metadata(self) -> None:
+        """Forget the step CSR (the next shared_flashinfer_metadata rebuilds it)."""
+        if self._step is not None:
+            self._step.csr.clear()
+
+    @_locked
+    def current_step_metadata(self) -> FlashInferKvMetadata | None:
+        """The step CSR, or None when there is none."""
+        return self._step.csr.meta if self._step is not None else None
+
+    # ------------------------------------------------------------------ speculative seal and truncate (API.md 3.4)
+    # Regions of a row after a verify window wrote [start, written_end) and the drafts were judged:
+    #   [0, matched_len)            tree-owned prefix: never written, never zeroed
+    #   [matched_len, sealed_len)   accepted KV, the row's own; attention sees [0, sealed_len)
+    #   [sealed_len, written_end)   rejected drafts' KV: nobody's; invisible, zeroed only with zero_rejected_kv,
+    #                               overwritten by the next window; kv_len never covers it, so never inserted
+    @_locked
+    def seal_length(self, sealed_len: Any) -> bool:
+        """Attention sees only ``[0, sealed_len)`` of each active row from now on (an int or one per row); frees
+        nothing and lowers ``kv_len`` to at most ``sealed_len``. True when the step CSR was kept or bumped in place
+        (tensor addresses survive), False when it was rebuilt or dropped (drop graphs keyed to it)."""
+        step = self._require_step()
+        sealed = step.lengths(sealed_len, "sealed_len")
+        return self._seal(step, sealed)
+
+    def _seal(self, step: ActiveStep, sealed: np.ndarray) -> bool:
+        step.lower_kv_len(self._table.kv_len, sealed)
+        if not sealed.any():
+            step.csr.clear()
+            return False
+        return step.csr.get(step.page_table, sealed)[1] != "rebuild"
+
+    @_locked
+    def truncate_to(self, sealed_len: Any, written_end: Any) -> bool:
+        """After a verify window wrote up to ``written_end``, seal to ``sealed_len``; with ``zero_rejected_kv``
+        zero ``[sealed_len, written_end)`` first. ValueError if ``written_end < sealed_len``, if it exceeds a row's
+        capacity, or if zeroing would reach below a row's matched prefix. Returns what ``seal_length`` returns."""
+        step = self._require_step()
+        sealed = step.lengths(sealed_len, "sealed_len")
+        written = step.lengths(written_end, "written_end")
+        if (written < sealed).any():
+            raise ValueError(f"writtenEnd must be >= sealedLen: written_end {written.tolist()}, sealed_len "
+                             f"{sealed.tolist()}")
+        if self.zero_rejected_kv:
+            self._check_not_below_prefix(step, sealed, written, "truncate_to zeroing")
+            self._kv.zero_slots(torch.from_numpy(step.range_slots(sealed, written)).to(self.device))
+        return self._seal(step, sealed)
+
+    @_locked
+    def invalidate_range(self, from_pos: Any, end_pos: Any) -> None:
+        """Zero K and V of positions ``[from_pos, end_pos)`` (ints or one per row) on every layer of the active
+        rows, always through fresh indices (never the graph buffers); lowers ``kv_len`` to at most ``from_pos``.
+        ValueError for a negative or reversed range, one past a row's capacity, or one below its matched prefix."""
+        step = self._require_step()
+        start = step.lengths(from_pos, "from_pos")
+        end = step.lengths(end_pos, "end_pos")
+        if (end < start).any():
+            raise ValueError(f"invalidate_range needs from_pos <= end_pos, got {start.tolist()} and {end.tolist()}")
+        self._check_not_below_prefix(step, start, end, "invalidate_range")
+        self._kv.zero_slots(torch.from_numpy(step.range_slots(start, end)).to(self.device))
+        step.lower_kv_len(self._table.kv_len, np.where(end > start, start, self._table.kv_len[step.rows]))
+
+    @staticmethod
+    def _check_not_below_prefix(step: ActiveStep, start: np.ndarray, end: np.ndarray, what: str) -> None:
+        below = (end > start) & (start < step.matched)
+        if below.any():
+            b = int(np.argmax(below))
+            raise ValueError(f"{what} of row {b} from {int(start[b])} reaches below its matched prefix "
+                             f"({int(step.matched[b])} tokens, owned by the prefix tree)")
+
+    # ------------------------------------------------------------------ CUDA-graph fixed buffers (API.md 3.5)
+    def num_pages_for_length(self, length: int) -> int:
+        """Pages a row of ``length`` tokens spans: ``ceil(length / page_size)``."""
+        return -(-as_int(length, "length") // self.page_size)
+
+    def steps_until_page_boundary(self, cache_len: int) -> int:
+        """Decode steps until ``cache_len`` fills its last page (0 when it just did)."""
+        rem = as_int(cache_len, "cache_len") % self.page_size
+        return 0 if rem == 0 else self.page_size - rem
+
+    def first_cache_len_in_next_page_bucket(self, num_pages: int) -> int:
+        """The first length that needs ``num_pages + 1`` pages."""
+        return as_int(num_pages, "num_pages") * self.page_size + 1
+
+    decode_graph_buffers = property(lambda self: self._decode.enabled, lambda self, on: self._set_flag("_decode", on),
+                                    doc="put with S == 1 writes through the prepared decode index buffer")
+    verify_graph_buffers = property(lambda self: self._verify.enabled, lambda self, on: self._set_flag("_verify", on),
+                                    doc="put writes through the prepared verify index buffer")
+
+    def _set_flag(self, name: str, on: bool) -> None:
+        with self._lock:
+            getattr(self, name).enabled = bool(on)
+
+    @property
+    def verify_window_kernel(self) -> bool:
+        """Set only during an MTP verify forward: small windows may take the paged verify kernel eagerly."""
+        return self._verify.window_kernel
+
+    @verify_window_kernel.setter
+    def verify_window_kernel(self, on: bool) -> None:
+        self._verify.window_kernel = bool(on)
+
+    def _window_starts(self, step: ActiveStep, cache_len: Any, start_pos: Any, window: int,
+                       what: str) -> tuple[np.ndarray, np.ndarray]:
+        """Validated ``(cache_lens, starts)`` of a write window of ``window`` tokens ending at ``cache_len``."""
+        starts = step.window(start_pos, window, what)
+        lengths = step.lengths(cache_len, "cache_len")
+        if not np.array_equal(lengths, starts + window):
+            raise ValueError(f"{what}: cache_len {lengths.tolist()} must equal start positions {starts.tolist()} + "
+                             f"window {window} for every row")
+        self._check_not_below_prefix(step, starts, starts + window, what)
+        return lengths, starts
+
+    @_locked
+    def prepare_decode_graph_step(self, cache_len: Any, positions: Any) -> FlashInferKvMetadata:
+        """Prepare a decode step writing position ``positions[b]`` of each row (``cache_len == position + 1``):
+        the step CSR for ``cache_len`` (reuse / bump / rebuild) and the fixed ``[B]`` write index. Counts as a
+        write of those positions (a replayed graph never calls put). Returns the step CSR."""
+        step = self._require_step()
+        lengths, starts = self._window_starts(step, cache_len, positions, 1, "prepare_decode_graph_step")
+        meta, _ = step.csr.get(step.page_table, lengths)
+        self._decode.point_at(step, starts, step.slots(starts, 1), scratch=False)
+        step.advance_kv_len(self._table.kv_len, starts, 1)
+        return meta
+
+    @_locked
+    def decode_graph_metadata(self, batch: int) -> FlashInferKvMetadata:
+        """The step CSR a decode graph of ``batch`` rows reads; RuntimeError if there is none or its batch differs."""
+        meta = self._step.csr.meta if self._step is not None else None
+        if meta is None or meta.batch_size != batch:
+            raise RuntimeError(f"no decode step CSR for batch {batch} (have "
+                               f"{None if meta is None else meta.batch_size}); prepare_decode_graph_step first")
+        return meta
+
+    @_locked
+    def begin_prefetch_decode_graph_step(self, cache_len: int, cache_pos: int, batch: int) -> FlashInferKvMetadata:
+        """Start capturing a decode graph for a later page bucket: the live step CSR is set aside, a CSR for
+        ``cache_len`` is built from the live page table and installed, and every row's write index points at
+        scratch slots the pool owns until ``close()``, so the capture never writes a live request's KV."""
+        step = self._require_step()
+        if batch != step.batch:
+            raise ValueError(f"prefetch for batch {batch} but the active step has {step.batch} rows")
+        if self._prefetch.active:
+            raise RuntimeError("a prefetch is already in progress; end_prefetch_decode_graph_step first")
+        cache_len = as_int(cache_len, "cache_len", minimum=1, maximum=step.min_capacity)
+        cache_pos = as_int(cache_pos, "cache_pos", minimum=0, maximum=cache_len - 1)
+        need = self.num_pages_for_length(cache_len)
+        scratch = self._prefetch.scratch_pages
+        if len(scratch) < need:
+            if need - len(scratch) > self._binder.available_pages():
+                raise KvCacheExhaustedError(f"prefetch needs {need} scratch pages, have {self._exhausted_detail()}")
+            added = self._binder.take(need - len(scratch), PageOwner.SCRATCH)
+            self._kv.zero_slots(torch.from_numpy(self._page_slots(added)).to(self.device))  # never NaN
+            scratch = self._prefetch.scratch_pages = np.concatenate([scratch, added])
+        pf = self._prefetch
+        pf.saved_meta, pf.saved_lengths, pf.saved_step = step.csr.meta, step.csr.lengths, step
+        lengths = np.full(step.batch, cache_len, dtype=np.int64)
+        pf.meta = build_csr(step.page_table, lengths, self.page_size, self.device)
+        step.csr.install(pf.meta, lengths)
+        slot = int(scratch[cache_pos // self.page_size]) * self.page_size + cache_pos % self.page_size
+        self._decode.point_at(step, np.full(step.batch, cache_pos, dtype=np.int64),
+                              np.full(step.batch, slot, dtype=np.int64), scratch=True)
+        pf.active = True
+        return pf.meta
+
+    @_locked
+    def end_prefetch_decode_graph_step(self) -> FlashInferKvMetadata:
+        """Restore the live step CSR and return the prefetch one (for ``install_prefetched_step_metadata``).
+        The decode write index must be prepared again before the next decode put."""
+        pf = self._prefetch
+        if not pf.active or pf.meta is None:
+            raise RuntimeError("no prefetch in progress; call begin_prefetch_decode_graph_step first")
+        step = self._step
+        if step is not None and step is pf.saved_step:
+            if pf.saved_meta is not None and pf.saved_lengths is not None:
+                step.csr.install(pf.saved_meta, pf.saved_lengths)
+            else:
+                step.csr.clear()
+        self._decode.forget()
+        meta, pf.meta, pf.active, pf.saved_meta, pf.saved_lengths, pf.saved_step = pf.meta, None, False, None, None, None
+        return meta
+
+    @_locked
+    def install_prefetched_step_metadata(self, meta: FlashInferKvMetadata, uniform_len: int) -> None:
+        """Make ``meta`` (a prefetched CSR) the step CSR for length ``uniform_len``; ValueError if its batch differs
+        from the active step's or the length is out of range."""
+        step = self._require_step()
+        if not isinstance(meta, FlashInferKvMetadata) or meta.batch_size != step.batch:
+            raise ValueError(f"install_prefetched_step_metadata needs a FlashInferKvMetadata of batch {step.batch}, "
+                             f"got {getattr(meta, 'batch_size', type(meta).__name__)}")
+        lengths = step.lengths(as_int(uniform_len, "uniform_len", minimum=1), "uniform_len")
+        step.csr.install(meta, lengths)
+
+    @_locked
+    def prepare_verify_graph_step(self, cache_lens: Any, start_positions: Any, window_len: int) -> FlashInferKvMetadata:
+        """Prepare a verify window of ``window_len`` tokens per row (``cache_lens[b] == start_positions[b] +
+        window_len``; an int means uniform): rewrites the fixed-address verify CSR in place (reallocated only when
+        the batch changes or the rows' total capacity in pages grows: see ``consume_verify_graph_meta_realloc``) and
+        the fixed ``[B*W]`` write index. Counts as a write of the windows. Returns the verify CSR."""
+        step = self._require_step()
+        window = as_int(window_len, "window_len", minimum=1)
+        lengths, starts = self._window_starts(step, cache_lens, start_positions, window, "prepare_verify_graph_step")
+        meta = self._verify.write_csr(step, lengths)
+        self._verify.write_index(step, starts, window)
+        step.advance_kv_len(self._table.kv_len, starts, window)
+        return meta
+
+    @_locked
+    def prepare_verify_step(self, cache_lens: Any, start_positions: Any, window_len: int) -> FlashInferKvMetadata:
+        """Eager ragged verify: the step CSR for ``cache_lens`` (reuse / bump / rebuild) and the ``[B*W]`` write
+        index for ``put`` with ``verify_graph_buffers``. Returns the step CSR."""
+        step = self._require_step()
+        window = as_int(window_len, "window_len", minimum=1)
+        lengths, starts = self._window_starts(step, cache_lens, start_positions, window, "prepare_verify_step")
+        meta, _ = step.csr.get(step.page_table, lengths)
+        self._verify.write_index(step, starts, window)
+        return meta
+
+    @_locked
+    def verify_graph_metadata(self) -> FlashInferKvMetadata:
+        """The fixed-address verify CSR; RuntimeError if never prepared."""
+        if self._verify.meta is None:
+            raise RuntimeError("verify graph metadata not prepared; call prepare_verify_graph_step first")
+        return self._verify.meta
+
+    @_locked
+    def consume_verify_graph_meta_realloc(self) -> bool:
+        """True once after the verify CSR moved to new tensors (drop graphs captured on the old ones)."""
+        moved, self._verify.realloc = self._verify.realloc, False
+        return moved
+
+    @_locked
+    def verify_qo_indptr(self, batch: int, window_len: int) -> torch.Tensor:
+        """int32 ``[0, W, 2W, .., B*W]`` on the pool's device: one fixed tensor per shape for the pool's life."""
+        return self._verify.qo_indptr(as_int(batch, "batch", minimum=1), as_int(window_len, "window_len", minimum=1))
+
+    def _page_slots(self, pages: np.ndarray) -> np.ndarray:
+        return (pages[:, None] * self.page_size + np.arange(self.page_size)).reshape(-1)
 
     # ------------------------------------------------------------------ caller-owned pages
     @_locked

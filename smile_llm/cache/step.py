@@ -17,6 +17,7 @@ from .bindings import Binding
 from .checks import as_int, as_positions, same_device
 from .errors import KvCacheExhaustedError
 from .kv_store import KvStore
+from .metadata import StepCsr
 
 INDEX_CACHE_ENTRIES = 4  # a step's write window, its read, and a padded read fit
 
@@ -45,6 +46,7 @@ class ActiveStep:
         self._last_slot = last_pages * page_size + page_size - 1  # int64[B], each row's last slot
         self._index_cache: dict[tuple[Any, int, bool], torch.Tensor] = {}  # oldest first
         self._last_window: tuple[Any, int] | None = None  # the last window write() advanced kv_len for
+        self.csr = StepCsr(page_size, device)  # the CSR every layer of this step's forward shares
 
     # ------------------------------------------------------------------ slot ids
     def slots(self, start: np.ndarray | int, length: int, clamp: bool = False) -> np.ndarray:
@@ -94,6 +96,30 @@ class ActiveStep:
                 f"(pool does not grow); stop at request_capacity")
         return start
 
+    def lengths(self, value: Any, name: str) -> np.ndarray:
+        """An int (every row) or one int per row, as ``int64[B]``, each in ``[0, capacity_b]``; ValueError else."""
+        arr = as_positions(value, name, self.batch)
+        over = arr > self.capacity
+        if over.any():
+            b = int(np.argmax(over))
+            raise ValueError(f"{name} {int(arr[b])} of row {b} exceeds its bound capacity {int(self.capacity[b])}")
+        return arr
+
+    def range_slots(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """Slots of the ragged ranges ``[start_b, end_b)`` of every row, concatenated (O(B * longest range))."""
+        width = int((end - start).max()) if self.batch else 0
+        pos = start[:, None] + self._arange[:width]
+        keep = pos < end[:, None]
+        ps = self.page_size
+        flat = (np.arange(self.batch) * self.page_table.shape[1])[:, None] + np.where(keep, pos, 0) // ps
+        return (self.page_table.reshape(-1)[flat] * ps + pos % ps)[keep]
+
+    def lower_kv_len(self, kv_len: np.ndarray, limit: np.ndarray) -> None:
+        """``kv_len = min(kv_len, limit)`` for every row, never below the matched prefix (tree KV is written)."""
+        rows = self.rows
+        kv_len[rows] = np.minimum(kv_len[rows], np.maximum(limit, self.matched))
+        self._last_window = None
+
     def read_length(self, length: Any, padded: bool) -> int:
         length = as_int(length, "length", minimum=0)
         limit = self.max_capacity if padded else self.min_capacity
@@ -118,7 +144,7 @@ class ActiveStep:
         return same_device(t.device, self.device)
 
     def write(self, kv: KvStore, kv_len: np.ndarray, layer: int, start_pos: Any, k: Any, v: Any,
-              slot_idx: Any) -> None:
+              slot_idx: Any, advance: bool = True) -> None:
         """``put`` for this step: validate everything, write, then advance ``kv_len`` (a put at
         ``start <= kv_len`` raises it to ``start + S``; one past it leaves a gap and moves nothing). The common
         case (an int ``start_pos``) is checked with scalars only: this runs once per layer per step."""
@@ -152,6 +178,16 @@ class ActiveStep:
         else:
             idx = self.index(start, seqlen)
         kv.write(layer, idx, k.reshape(n, *head_shape), v.reshape(n, *head_shape))
+        if advance:
+            self.advance_kv_len(kv_len, start, seqlen)
+
+    def start_of(self, start_pos: Any) -> np.ndarray:
+        """``start_pos`` (int or per row) as ``int64[B]``."""
+        return as_positions(start_pos, "start_pos", self.batch)
+
+    def advance_kv_len(self, kv_len: np.ndarray, start: np.ndarray | int, seqlen: int) -> None:
+        """Record a write of ``[start, start + seqlen)``: a row with ``start <= kv_len`` gets ``kv_len = max(kv_len,
+        start + seqlen)``; a write past ``kv_len`` leaves a gap and moves nothing."""
         # Advancing kv_len is idempotent for a repeated window, so the layers after the first skip it.
         window = (start, seqlen) if isinstance(start, int) else (start.tobytes(), seqlen)
         if window == self._last_window:
@@ -164,10 +200,6 @@ class ActiveStep:
         else:
             old = kv_len[self.rows]
             kv_len[self.rows] = np.where(start <= old, np.maximum(old, start + seqlen), old)
-
-    def forget_window(self) -> None:
-        """Call whenever ``kv_len`` of an active row changes outside ``write`` (seal, truncate, invalidate)."""
-        self._last_window = None
 
     def read(self, kv: KvStore, layer: int, length: Any, padded: bool = False,
              idx: Any = None) -> tuple[torch.Tensor, torch.Tensor]:

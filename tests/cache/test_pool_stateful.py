@@ -38,14 +38,16 @@ def value_of(tokens: np.ndarray) -> float:
 class Request:
     def __init__(self, seq: np.ndarray) -> None:
         self.seq = seq  # tokens for every position up to capacity
-        self.gap_writes: set[int] = set()
+        self.gap_writes: set[int] = set()  # written positions past kv_len (still hold their values)
+        self.zeroed: set[int] = set()  # rejected positions zeroed by truncate_to
 
 
 class PoolMachine(RuleBasedStateMachine):
-    @initialize(page_size=st.sampled_from([1, 2, 4]), num_pages=st.integers(4, 16))
-    def setup(self, page_size: int, num_pages: int) -> None:
+    @initialize(page_size=st.sampled_from([1, 2, 4]), num_pages=st.integers(4, 16), zero=st.booleans())
+    def setup(self, page_size: int, num_pages: int, zero: bool) -> None:
         self.ps = page_size
-        self.pool = KvCachePool(2, page_size * num_pages, 1, 1, page_size, fresh_page_fill="poison")
+        self.pool = KvCachePool(2, page_size * num_pages, 1, 1, page_size, fresh_page_fill="poison",
+                                zero_rejected_kv=zero)
         self.requests: dict[int, Request] = {}
         self.caller: dict[int, bytes] = {}  # caller page -> layer-0 K bytes written into it
         self.handles: dict[int, object] = {}
@@ -135,11 +137,32 @@ class PoolMachine(RuleBasedStateMachine):
         kv_before = {rid: self.pool.kv_len(rid) for rid in step.ids}
         self.write(starts, n)
         for rid, start in zip(step.ids, starts):
+            self.requests[rid].zeroed -= set(range(start, start + n))
+        for rid, start in zip(step.ids, starts):
             if gap:
                 self.requests[rid].gap_writes.update(range(start, start + n))
                 assert self.pool.kv_len(rid) == kv_before[rid]
             else:
                 assert self.pool.kv_len(rid) == start + n
+
+    @rule(data=st.data())
+    def truncate(self, data: st.DataObject) -> None:
+        """A speculative round's rejection: seal each row somewhere in [matched, kv_len]."""
+        step = self.pool._step
+        if step is None:
+            return
+        kv = [self.pool.kv_len(rid) for rid in step.ids]
+        sealed = [data.draw(st.integers(int(m), k)) for m, k in zip(step.matched, kv)]
+        self.pool.truncate_to(sealed, kv)
+        for rid, s_len, k_len in zip(step.ids, sealed, kv):
+            req = self.requests[rid]
+            rejected = set(range(s_len, k_len))
+            if self.pool.zero_rejected_kv:
+                req.zeroed |= rejected
+                req.gap_writes -= rejected
+            else:
+                req.gap_writes |= rejected
+            assert self.pool.kv_len(rid) == s_len
 
     @rule(data=st.data(), cut=st.integers(0, 20))
     def finish(self, data: st.DataObject, cut: int) -> None:
@@ -195,6 +218,7 @@ class PoolMachine(RuleBasedStateMachine):
             # Only pages covering [0, kv_len) are saved: gap writes past them come back freshly filled.
             saved_end = -(-self.pool.kv_len(rid) // self.ps) * self.ps
             self.requests[rid].gap_writes = {p for p in self.requests[rid].gap_writes if p < saved_end}
+            self.requests[rid].zeroed = {p for p in self.requests[rid].zeroed if p < saved_end}
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())
@@ -225,7 +249,9 @@ class PoolMachine(RuleBasedStateMachine):
             slots = b.page_ids[positions // self.ps] * self.ps + positions % self.ps
             got = k_cache[0, torch.from_numpy(slots), 0, 0].numpy()
             for p in range(b.capacity):
-                if p < kv_len or p in req.gap_writes:
+                if p in req.zeroed and p >= kv_len:
+                    assert got[p] == 0.0, f"request {rid} position {p} was rejected and zeroed but reads {got[p]}"
+                elif p < kv_len or p in req.gap_writes:
                     assert got[p] == value_of(req.seq[: p + 1]), f"request {rid} position {p}: {got[p]}"
                 elif p >= b.matched_len:
                     assert np.isnan(got[p]), f"request {rid} position {p} was never written but reads {got[p]}"

@@ -1,0 +1,129 @@
+"""Fixed-address buffers that captured CUDA graphs read: decode and verify write indices, the verify CSR, the
+query-side ``qo_indptr``, and the scratch slots a decode capture writes to.
+
+Every tensor a graph reads keeps its address and is rewritten in place with ``copy_``/``fill_``; a buffer is
+reallocated only when its shape must change, and that is reported (``VerifyGraphBuffers.realloc``). Buffers are sized
+by the same rule that fills them (pages for the CSR, tokens for write indices), so a fill can never overrun them
+(SGLang PR 24587). Nothing here runs inside a capture: the pool prepares these before each replay.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .metadata import FlashInferKvMetadata, csr_arrays
+from .step import ActiveStep
+
+
+def _copy_in(dst: torch.Tensor, src: np.ndarray) -> None:
+    """Rewrite the leading ``len(src)`` entries of the fixed tensor ``dst`` in place."""
+    dst[: len(src)].copy_(torch.from_numpy(src))
+
+
+class DecodeGraphBuffers:
+    """The ``[B]`` write index of a decode step (one token per row), prepared for one step and positions."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.enabled = False
+        self.index: torch.Tensor | None = None  # int64[B], fixed address while B is unchanged
+        self.prepared_for: ActiveStep | None = None
+        self.positions: np.ndarray | None = None  # int64[B] the index points at
+        self.scratch = False  # True while a prefetch capture points every row at scratch slots
+
+    def point_at(self, step: ActiveStep, positions: np.ndarray, slots: np.ndarray, scratch: bool) -> None:
+        if self.index is None or self.index.shape[0] != step.batch:
+            self.index = torch.zeros(step.batch, dtype=torch.int64, device=self.device)
+        _copy_in(self.index, slots)
+        self.prepared_for, self.positions, self.scratch = step, positions.copy(), scratch
+
+    def forget(self) -> None:
+        self.prepared_for, self.positions, self.scratch = None, None, False
+
+    def index_for(self, step: ActiveStep, start: np.ndarray) -> torch.Tensor:
+        """The prepared index for a one-token put at ``start``. RuntimeError if not prepared for this step,
+        ValueError if ``start`` differs from the prepared positions."""
+        if self.index is None or self.prepared_for is not step or self.positions is None:
+            raise RuntimeError(f"decode graph buffers are on but no decode step was prepared for this batch of "
+                               f"{step.batch}; call prepare_decode_graph_step(cache_len, positions) first")
+        if not np.array_equal(start, self.positions):
+            raise ValueError(f"put at start_pos {start.tolist()} but the decode step was prepared for positions "
+                             f"{self.positions.tolist()}")
+        return self.index
+
+
+class VerifyGraphBuffers:
+    """The fixed verify CSR (``indices`` sized to the rows' capacity in pages, so page growth never moves it), the
+    ``[B*W]`` write index, and one ``qo_indptr`` per (batch, window) for the pool's life."""
+
+    def __init__(self, page_size: int, device: torch.device) -> None:
+        self.page_size = page_size
+        self.device = device
+        self.enabled = False
+        self.window_kernel = False
+        self.meta: FlashInferKvMetadata | None = None
+        self.meta_capacity_pages = 0
+        self.realloc = False
+        self.index: torch.Tensor | None = None  # int64[B*W]
+        self.prepared_for: ActiveStep | None = None
+        self.starts: np.ndarray | None = None
+        self.window = 0
+        self._qo_indptr: dict[tuple[int, int], torch.Tensor] = {}
+
+    def write_csr(self, step: ActiveStep, lengths: np.ndarray) -> FlashInferKvMetadata:
+        """Rewrite the fixed CSR for ``lengths``; reallocate it only when the batch changes or the rows' total
+        capacity in pages outgrows it."""
+        capacity_pages = int(step.capacity.sum()) // self.page_size
+        meta = self.meta
+        if meta is None or meta.batch_size != step.batch or capacity_pages > self.meta_capacity_pages:
+            meta = FlashInferKvMetadata(torch.zeros(step.batch + 1, dtype=torch.int32, device=self.device),
+                                        torch.zeros(capacity_pages, dtype=torch.int32, device=self.device),
+                                        torch.zeros(step.batch, dtype=torch.int32, device=self.device),
+                                        self.page_size)
+            self.meta, self.meta_capacity_pages, self.realloc = meta, capacity_pages, True
+        indptr, indices, last = csr_arrays(step.page_table, lengths, self.page_size)
+        _copy_in(meta.indptr, indptr)
+        _copy_in(meta.indices, indices)
+        _copy_in(meta.last_page_len, last)
+        return meta
+
+    def write_index(self, step: ActiveStep, starts: np.ndarray, window: int) -> None:
+        n = step.batch * window
+        if self.index is None or self.index.shape[0] != n:
+            self.index = torch.zeros(n, dtype=torch.int64, device=self.device)
+        _copy_in(self.index, step.slots(starts, window))
+        self.prepared_for, self.starts, self.window = step, starts.copy(), window
+
+    def index_for(self, step: ActiveStep, start: np.ndarray, seqlen: int) -> torch.Tensor:
+        if self.index is None or self.prepared_for is not step or self.starts is None or self.window != seqlen:
+            raise RuntimeError(f"verify KV index buffer not prepared for batch {step.batch}, seqlen {seqlen}; call "
+                               f"prepare_verify_graph_step or prepare_verify_step first")
+        if not np.array_equal(start, self.starts):
+            raise ValueError(f"put at start_pos {start.tolist()} but the verify window was prepared at "
+                             f"{self.starts.tolist()}")
+        return self.index
+
+    def qo_indptr(self, batch: int, window: int) -> torch.Tensor:
+        key = (batch, window)
+        t = self._qo_indptr.get(key)
+        if t is None:
+            t = torch.arange(0, (batch + 1) * window, window, dtype=torch.int32, device=self.device)
+            self._qo_indptr[key] = t
+        return t
+
+    def forget(self) -> None:
+        self.prepared_for, self.starts, self.window = None, None, 0
+
+
+class PrefetchState:
+    """A decode capture for the next page bucket: the live step CSR saved aside, the CSR built for the capture,
+    and the scratch pages (owned by the pool until ``close``) every row writes to meanwhile."""
+
+    def __init__(self) -> None:
+        self.scratch_pages = np.zeros(0, dtype=np.int64)
+        self.active = False
+        self.saved_meta: FlashInferKvMetadata | None = None
+        self.saved_lengths: np.ndarray | None = None
+        self.saved_step: ActiveStep | None = None
+        self.meta: FlashInferKvMetadata | None = None
