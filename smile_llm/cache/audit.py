@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from .errors import KvCacheCorruptionError
-from .pages import NO_HOLDER, PageOwner
+from .pages import NO_HOLDER, PageOwner, page_slots
 
 if TYPE_CHECKING:
     from .pool import KvCachePool
@@ -81,7 +81,7 @@ def check_invariants(pool: KvCachePool) -> None:
                   f"{None if node.value is None else len(node.value)} (page_size {ps})")
         groups = node.value.reshape(-1, ps)
         node_pages = groups[:, 0] // ps
-        if not np.array_equal(groups, node_pages[:, None] * ps + np.arange(ps)):
+        if not np.array_equal(node.value, page_slots(node_pages, ps)):
             _fail(f"{node!r} holds slots that are not whole pages in order: {node.value[:2 * ps].tolist()}")
         parent = node.parent
         if parent is None or parent.children.get(radix._child_key(node.extra_key, node.key, 0)) is not node:
@@ -91,7 +91,8 @@ def check_invariants(pool: KvCachePool) -> None:
     # 3. bindings
     locks: Counter[int] = Counter()
     for b in table:
-        if b.capacity != len(b.page_ids) * ps or b.matched_len % ps or b.matched_len > b.capacity:
+        held = b.matched_len if b.offload is not None else b.capacity  # an offloaded binding keeps its prefix
+        if held != len(b.page_ids) * ps or b.matched_len % ps or b.matched_len > b.capacity:
             _fail(f"request {b.request_id}: capacity {b.capacity}, matched {b.matched_len}, "
                   f"{len(b.page_ids)} pages do not agree (page_size {ps})")
         kv_len = table.kv_len_of(b)
@@ -102,12 +103,7 @@ def check_invariants(pool: KvCachePool) -> None:
         tree_slots = np.concatenate([_slots(s.node)[: s.matched] for s in segments] or [np.zeros(0, np.int64)])
         if sum(s.matched for s in segments) != b.matched_len or not np.array_equal(tree_slots[::ps] // ps, prefix):
             _fail(f"request {b.request_id}: its {len(prefix)} prefix pages are not what the tree maps its prefix to")
-        private = b.private_pages(ps)
-        if b.offload is not None:
-            if (private != -1).any():
-                _fail(f"request {b.request_id} is offloaded but still holds page {int(private[private != -1][0])}")
-        else:
-            claims.claim(private, PageOwner.PRIVATE, f"request {b.request_id}", b.request_id)
+        claims.claim(b.private_pages(ps), PageOwner.PRIVATE, f"request {b.request_id}", b.request_id)
         locked = b.locked_node
         if (locked is None) != (b.matched_len == 0):
             _fail(f"request {b.request_id}: matched {b.matched_len} tokens but locked node is {locked!r}")

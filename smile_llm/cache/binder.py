@@ -19,13 +19,12 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 
 import numpy as np
-import torch
 
 from .bindings import Binding, BindingTable
 from .kv_store import KvStore
-from .layout import ceil_page, floor_page
+from .layout import floor_page
 from .offload import OffloadedKv
-from .pages import NO_HOLDER, PageAllocator, PageOwner
+from .pages import NO_HOLDER, PageAllocator, PageOwner, page_slots
 from .radix import PathSegment, RadixCache
 from .tokens import EMPTY
 
@@ -78,7 +77,7 @@ class Binder:
             self.evict(short * self.page_size)
         pages = self.pages.take(n, owner, holder)
         if fill:
-            self.kv.fill_pages(torch.from_numpy(pages).to(self.kv.device), self.fresh_page_fill)
+            self.kv.fill_pages(pages, self.fresh_page_fill)
         return pages
 
     def bind(self, prompt: np.ndarray, capacity_pages: int, matched: int, exclusive: bool) -> Binding:
@@ -111,7 +110,7 @@ class Binder:
                 insert_len = floor_page(min(len(sequence), self.table.kv_len_of(b)), ps)
             if insert_len > b.matched_len:
                 assert sequence is not None
-                slots = (b.page_ids[: insert_len // ps, None] * ps + np.arange(ps)).reshape(-1)
+                slots = page_slots(b.page_ids[: insert_len // ps], ps)
                 result = self.radix.insert(sequence[:insert_len], slots, PREFIX_NAMESPACE)
                 assert result.prefix_len >= b.matched_len, "the locked prefix left the tree"
                 keep_lo = (result.prefix_len - b.matched_len) // ps
@@ -124,8 +123,7 @@ class Binder:
         b.offload = None
 
     def alloc(self, num_pages: int) -> np.ndarray:
-        pages = self.take(num_pages, PageOwner.CALLER)
-        return (pages[:, None] * self.page_size + np.arange(self.page_size)).reshape(-1)
+        return page_slots(self.take(num_pages, PageOwner.CALLER), self.page_size)
 
     def caller_pages_of(self, slots: np.ndarray) -> np.ndarray:
         """The page ids of ``slots`` if they are whole caller-owned pages, each as its slots in order, none twice;
@@ -138,7 +136,7 @@ class Binder:
             raise ValueError(f"free() got slot {int(slots.max())}, past the pool's {num_slots} slots")
         groups = slots.reshape(-1, ps)
         pages = groups[:, 0] // ps
-        if not np.array_equal(groups, pages[:, None] * ps + np.arange(ps)):
+        if not np.array_equal(groups.reshape(-1), page_slots(pages, ps)):
             raise ValueError("free() requires whole pages, each as its page_size slots in order (as alloc returned)")
         if len(np.unique(pages)) != len(pages):
             raise ValueError(f"free() lists a page twice: pages {pages.tolist()}")
@@ -153,22 +151,20 @@ class Binder:
         self.pages.release(pages)
 
     def offload(self, b: Binding) -> OffloadedKv:
-        """Copy the pages covering ``b``'s written KV to host, free every private page, mark ``b`` offloaded."""
-        ps = self.page_size
-        private = b.private_pages(ps)
-        saved = ceil_page(self.table.kv_len_of(b), ps) // ps - b.num_prefix_pages(ps)
-        k_raw, v_raw = self.kv.copy_pages_out(torch.from_numpy(private[:saved]).to(self.kv.device))
-        handle = OffloadedKv(b.request_id, len(private), saved, k_raw, v_raw)
+        """Copy every private page of ``b`` (all layers, K and V, raw bytes) to host memory, free them, and mark
+        ``b`` offloaded: its page table keeps only the tree-owned prefix pages."""
+        private = b.private_pages(self.page_size)
+        k_raw, v_raw = self.kv.copy_pages_out(private)
+        handle = OffloadedKv(b.request_id, len(private), k_raw, v_raw)
         self.pages.release(private)
-        b.page_ids = np.concatenate([b.page_ids[: b.num_prefix_pages(ps)], np.full(len(private), -1, np.int64)])
+        b.page_ids = b.page_ids[: b.num_prefix_pages(self.page_size)].copy()
         b.offload = handle
         return handle
 
     def restore(self, b: Binding, handle: OffloadedKv) -> None:
-        """Take ``handle.num_private_pages`` pages for ``b`` and write the saved bytes back into them."""
+        """Take ``handle.num_private_pages`` pages for ``b`` (evicting unlocked tree pages if needed, like any
+        bind) and write the saved bytes back into them: byte-identical wherever they land."""
         pages = self.take(handle.num_private_pages, PageOwner.PRIVATE, b.request_id, fill=False)
-        device_pages = torch.from_numpy(pages).to(self.kv.device)
-        self.kv.copy_pages_in(device_pages[: handle.num_saved_pages], handle.k_raw, handle.v_raw)
-        self.kv.fill_pages(device_pages[handle.num_saved_pages :], self.fresh_page_fill)
-        b.page_ids = np.concatenate([b.page_ids[: b.num_prefix_pages(self.page_size)], pages])
+        self.kv.copy_pages_in(pages, handle.k_raw, handle.v_raw)
+        b.page_ids = np.concatenate([b.page_ids, pages])
         b.offload = None

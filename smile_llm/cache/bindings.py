@@ -21,7 +21,7 @@ from .radix import TreeNode
 class Binding:
     request_id: int
     row: int  # index into BindingTable.kv_len
-    page_ids: np.ndarray  # int64[capacity / page_size]; private entries are -1 while offloaded
+    page_ids: np.ndarray  # int64[capacity / page_size]; only the prefix pages while offloaded
     capacity: int  # tokens, a multiple of page_size
     matched_len: int  # tokens of the tree-owned prefix, a multiple of page_size
     prefix_tokens: np.ndarray  # int64[matched_len], the tokens the prefix pages hold

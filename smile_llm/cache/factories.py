@@ -26,7 +26,7 @@ def allocate(cls: type[KvCachePool], layout: KvCacheLayout, device: str | torch.
     """A pool for ``layout``. On CUDA, sized from ``torch.cuda.mem_get_info`` by ``compute_static_kv_budget``
     (call it after the weights are loaded, so "used" is right); elsewhere ``floor_page(max(page_size,
     max_batch * max_seq))`` slots. Raises ValueError for ``mem_fraction`` outside (0, 1] or ``page_size < 1``."""
-    if not (isinstance(mem_fraction, (int, float)) and 0.0 < mem_fraction <= 1.0):
+    if isinstance(mem_fraction, bool) or not (isinstance(mem_fraction, (int, float)) and 0.0 < mem_fraction <= 1.0):
         raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction!r}")
     page_size = as_int(page_size, "page_size", minimum=1)
     device = torch.device(device)

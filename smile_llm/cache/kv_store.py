@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
+
+from .pages import page_slots
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -42,8 +45,9 @@ class KvStore:
         self.k_scale = float(k_scale)
         self.v_scale = float(v_scale)
         shape = (num_layers, num_slots, num_kv_heads, head_dim)
-        self.key_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.value_cache = torch.zeros(shape, dtype=dtype, device=device)
+        with torch.inference_mode(False):  # a pool made under inference_mode must stay writable outside it
+            self.key_cache = torch.zeros(shape, dtype=dtype, device=device)
+            self.value_cache = torch.zeros(shape, dtype=dtype, device=device)
         # Byte views used for index writes and page copies (same storage).
         self._k_raw = self.key_cache.view(torch.uint8) if self.is_fp8 else self.key_cache
         self._v_raw = self.value_cache.view(torch.uint8) if self.is_fp8 else self.value_cache
@@ -58,9 +62,8 @@ class KvStore:
         if not self.is_fp8:
             return x if x.dtype == self.dtype else x.to(self.dtype)
         y = x.to(torch.float32)
-        if scale != 1.0:
-            y = y / scale
-        return y.clamp_(-self._fp8_max, self._fp8_max).to(self.dtype).view(torch.uint8)
+        y = y / scale if scale != 1.0 else y
+        return y.clamp(-self._fp8_max, self._fp8_max).to(self.dtype).view(torch.uint8)  # out of place: x is the caller's
 
     def _decode(self, raw: torch.Tensor, scale: float) -> torch.Tensor:
         if not self.is_fp8:
@@ -70,8 +73,8 @@ class KvStore:
 
     def write(self, layer: int, slot_idx: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """``k``/``v`` are ``[N, Hkv, D]``; row i goes to slot ``slot_idx[i]`` of ``layer``."""
-        self._k_layers[layer].index_copy_(0, slot_idx, self._encode(k, self.k_scale))
-        self._v_layers[layer].index_copy_(0, slot_idx, self._encode(v, self.v_scale))
+        self._k_layers[layer].index_copy_(0, slot_idx, self._encode(k.detach(), self.k_scale))
+        self._v_layers[layer].index_copy_(0, slot_idx, self._encode(v.detach(), self.v_scale))
 
     def read(self, layer: int, slot_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``[N, Hkv, D]`` gathers of K and V at ``slot_idx`` in the compute dtype."""
@@ -80,17 +83,15 @@ class KvStore:
         return k, v
 
     # ------------------------------------------------------------------ page-level
-    def page_slots(self, page_ids: torch.Tensor) -> torch.Tensor:
-        """int64 slot ids of ``page_ids``, page by page."""
-        offsets = torch.arange(self.page_size, device=page_ids.device)
-        return (page_ids[:, None] * self.page_size + offsets).reshape(-1)
+    def _page_slots(self, page_ids: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(page_slots(page_ids, self.page_size)).to(self.device)
 
-    def fill_pages(self, page_ids: torch.Tensor, mode: str) -> None:
+    def fill_pages(self, page_ids: np.ndarray, mode: str) -> None:
         """Fill every layer's K and V of ``page_ids``: ``"zero"`` with 0, ``"poison"`` with NaN (all-ones bytes
         for FP8, a NaN pattern in both formats); ``"none"`` leaves them."""
         if mode == "none" or len(page_ids) == 0:
             return
-        slots = self.page_slots(page_ids)
+        slots = self._page_slots(page_ids)
         if mode == "zero":
             self._k_raw.index_fill_(1, slots, 0)
             self._v_raw.index_fill_(1, slots, 0)
@@ -101,20 +102,21 @@ class KvStore:
             self._k_raw.index_fill_(1, slots, float("nan"))
             self._v_raw.index_fill_(1, slots, float("nan"))
 
-    def zero_slots(self, slots: torch.Tensor) -> None:
+    def zero_slots(self, slots: np.ndarray) -> None:
         """Zero K and V of ``slots`` on every layer (all-zero bytes are 0.0 in every supported dtype)."""
         if len(slots):
-            self._k_raw.index_fill_(1, slots, 0)
-            self._v_raw.index_fill_(1, slots, 0)
+            idx = torch.from_numpy(slots).to(self.device)
+            self._k_raw.index_fill_(1, idx, 0)
+            self._v_raw.index_fill_(1, idx, 0)
 
-    def copy_pages_out(self, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def copy_pages_out(self, page_ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw contents of ``page_ids`` on every layer, as host tensors ``[L, n*page_size, Hkv, D]``."""
-        slots = self.page_slots(page_ids)
+        slots = self._page_slots(page_ids)
         return self._k_raw.index_select(1, slots).cpu(), self._v_raw.index_select(1, slots).cpu()
 
-    def copy_pages_in(self, page_ids: torch.Tensor, k_raw: torch.Tensor, v_raw: torch.Tensor) -> None:
+    def copy_pages_in(self, page_ids: np.ndarray, k_raw: torch.Tensor, v_raw: torch.Tensor) -> None:
         """Write raw contents from ``copy_pages_out`` into ``page_ids`` (byte-identical)."""
-        slots = self.page_slots(page_ids)
+        slots = self._page_slots(page_ids)
         self._k_raw.index_copy_(1, slots, k_raw.to(self.device))
         self._v_raw.index_copy_(1, slots, v_raw.to(self.device))
 
@@ -125,7 +127,7 @@ class KvStore:
         return k.numpy().tobytes(), v.numpy().tobytes()
 
     def write_page(self, layer: int, page: int, k_bytes: torch.Tensor, v_bytes: torch.Tensor) -> None:
-        """``k_bytes``/``v_bytes`` are uint8 tensors of exactly ``page_bytes`` each (checked by the pool)."""
+        """``k_bytes``/``v_bytes`` are fresh uint8 tensors of exactly ``page_bytes`` each (``as_page_bytes``)."""
         ps = self.page_size
         shape = self.key_cache.shape[2:]
         for cache, data in ((self.key_cache, k_bytes), (self.value_cache, v_bytes)):
@@ -134,8 +136,8 @@ class KvStore:
 
     def as_page_bytes(self, data: Any, name: str) -> torch.Tensor:
         """``data`` (bytes-like or a tensor) as a flat uint8 tensor of exactly ``page_bytes``; ValueError otherwise."""
-        if isinstance(data, torch.Tensor):
-            t = data.detach().contiguous().view(torch.uint8).reshape(-1)
+        if isinstance(data, torch.Tensor):  # a fresh copy: aligned for any dtype view, safe from later edits
+            t = data.detach().contiguous().reshape(-1).view(torch.uint8).cpu().clone()
         else:
             try:
                 t = torch.frombuffer(bytearray(memoryview(data).cast("B")), dtype=torch.uint8)

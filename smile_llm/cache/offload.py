@@ -10,13 +10,12 @@ import torch
 @dataclass(eq=False)
 class OffloadedKv:
     """Host copy of one request's private pages, made by ``KvCachePool.offload_request`` and consumed once by
-    ``restore_request``. ``k_raw``/``v_raw`` hold raw storage ``[num_layers, num_saved_pages * page_size, Hkv, D]``
-    (uint8 views for FP8), so a restore is byte-identical wherever the pages land. Only the pages covering the
-    request's written KV (``kv_len``) are saved; the rest of its capacity comes back freshly filled."""
+    ``restore_request``. ``k_raw``/``v_raw`` hold the raw storage of every private page ``[num_layers,
+    num_private_pages * page_size, Hkv, D]`` (uint8 views for FP8), so a restore is byte-identical wherever the
+    pages land, whatever was written where (gap writes past ``kv_len`` included)."""
 
     request_id: int
     num_private_pages: int
-    num_saved_pages: int
     k_raw: torch.Tensor
     v_raw: torch.Tensor
 

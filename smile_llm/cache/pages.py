@@ -26,7 +26,12 @@ class PageOwner(IntEnum):
     SCRATCH = 4
 
 
-NO_HOLDER = -1
+NO_HOLDER = -1  # holder of a page that is not private to a binding
+
+
+def page_slots(page_ids: np.ndarray, page_size: int) -> np.ndarray:
+    """int64 slot ids of ``page_ids``, page by page, in order."""
+    return (page_ids[:, None] * page_size + np.arange(page_size, dtype=np.int64)).reshape(-1)
 
 
 class PageAllocator:
@@ -76,14 +81,11 @@ class PageAllocator:
         self.owner[pages] = PageOwner.FREE
         self.holder[pages] = NO_HOLDER
 
-    def transfer(self, pages: np.ndarray, owner: PageOwner, holder: int = NO_HOLDER) -> None:
-        """Hand ``pages`` to a new owner without touching the free list."""
+    def transfer(self, pages: np.ndarray, owner: PageOwner) -> None:
+        """Hand ``pages`` to ``owner`` (not a binding) without touching the free list."""
         self.owner[pages] = owner
-        self.holder[pages] = holder
+        self.holder[pages] = NO_HOLDER
 
-    def misowned(self, pages: np.ndarray, owner: PageOwner, holder: int = NO_HOLDER) -> np.ndarray:
-        """The pages among ``pages`` not owned by ``owner`` (and ``holder`` for private pages)."""
-        bad = self.owner[pages] != owner
-        if holder != NO_HOLDER:
-            bad |= self.holder[pages] != holder
-        return pages[bad]
+    def misowned(self, pages: np.ndarray, owner: PageOwner) -> np.ndarray:
+        """The pages among ``pages`` not owned by ``owner``."""
+        return pages[self.owner[pages] != owner]

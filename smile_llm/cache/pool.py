@@ -26,10 +26,10 @@ from .graph_buffers import DecodeGraphBuffers, PrefetchState, VerifyGraphBuffers
 from .metadata import FlashInferKvMetadata, build_csr
 from .checks import as_int
 from .errors import KvCacheExhaustedError, NoActiveStepError, PoolClosedError, RequestOffloadedError
-from .kv_store import FILL_MODES, KvStore
+from .kv_store import FILL_MODES, FP8_DTYPES, KvStore
 from .layout import ceil_page, floor_page
 from .offload import OffloadedKv
-from .pages import PageAllocator, PageOwner
+from .pages import PageAllocator, PageOwner, page_slots
 from .radix import RadixCache
 from .step import ActiveStep
 from .tokens import EMPTY, as_int_array
@@ -48,6 +48,36 @@ def _locked(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _state(getter: Callable[[Any], Any], setter: Callable[[Any, Any], None] | None = None,
+           doc: str | None = None) -> property:
+    """A pool property read (and optionally written) under the lock; PoolClosedError after close()."""
+
+    def get(self: KvCachePool) -> Any:
+        with self._lock:
+            if self._closed:
+                raise PoolClosedError("the pool is closed; create a new pool")
+            return getter(self)
+
+    def put(self: KvCachePool, value: Any) -> None:
+        with self._lock:
+            if self._closed:
+                raise PoolClosedError("the pool is closed; create a new pool")
+            assert setter is not None
+            setter(self, value)
+
+    return property(get, put if setter is not None else None, doc=doc)
+
+
+def _check_scales(dtype: torch.dtype, k_scale: Any, v_scale: Any) -> None:
+    """Scales are finite floats > 0, and only FP8 storage has scales other than 1.0 (float storage is unscaled,
+    so a scale there would be reported to attention but never applied)."""
+    for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"{name} must be a finite float > 0, got {scale!r}")
+        if scale != 1.0 and dtype not in FP8_DTYPES:
+            raise ValueError(f"{name}={scale} on a {dtype} pool: only FP8 storage is scaled; leave scales at 1.0")
+
+
 class KvCachePool:
     """Static paged K/V pool with an embedded radix prefix cache. See ``API.md`` section 3 for the contract."""
 
@@ -64,25 +94,22 @@ class KvCachePool:
                              f"use {floor_page(num_slots, page_size) or page_size}")
         if fresh_page_fill not in FILL_MODES:
             raise ValueError(f"fresh_page_fill must be one of {FILL_MODES}, got {fresh_page_fill!r}")
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-                raise ValueError(f"{name} must be a finite float > 0, got {scale!r}")
-        self.num_layers, self.num_slots = int(num_layers), int(num_slots)
-        self.num_kv_heads, self.head_dim, self.page_size = int(num_kv_heads), int(head_dim), int(page_size)
-        self.device = torch.device(device)
-        self.fresh_page_fill = fresh_page_fill
-        self.zero_rejected_kv = env.zero_rejected_kv() if zero_rejected_kv is None else bool(zero_rejected_kv)
-        self._kv = KvStore(self.num_layers, self.num_slots, self.num_kv_heads, self.head_dim, self.page_size,
-                           self.device, dtype, k_scale, v_scale)
-        self._pages = PageAllocator(self.num_slots // self.page_size)
-        self._radix = RadixCache(self.page_size)
+        _check_scales(dtype, k_scale, v_scale)
+        self._num_layers, self._num_slots = int(num_layers), int(num_slots)
+        self._num_kv_heads, self._head_dim, self._page_size = int(num_kv_heads), int(head_dim), int(page_size)
+        self._device = torch.device(device)
+        self._zero_rejected_kv = env.zero_rejected_kv() if zero_rejected_kv is None else bool(zero_rejected_kv)
+        self._kv = KvStore(self._num_layers, self._num_slots, self._num_kv_heads, self._head_dim, self._page_size,
+                           self._device, dtype, k_scale, v_scale)
+        self._pages = PageAllocator(self._num_slots // self._page_size)
+        self._radix = RadixCache(self._page_size)
         self._table = BindingTable()
         self._step: ActiveStep | None = None
         self._lock = threading.RLock()
         self._closed = False
         self._binder = Binder(self._pages, self._radix, self._table, self._kv, fresh_page_fill)
-        self._decode = DecodeGraphBuffers(self.device)
-        self._verify = VerifyGraphBuffers(self.page_size, self.device)
+        self._decode = DecodeGraphBuffers(self._device)
+        self._verify = VerifyGraphBuffers(self._page_size, self._device)
         self._prefetch = PrefetchState()
 
     # ------------------------------------------------------------------ factories (API.md section 1 and 3)
@@ -91,70 +118,51 @@ class KvCachePool:
     for_mtp = classmethod(factories.for_mtp)
     for_mtp_history = classmethod(factories.for_mtp_history)
 
-    # ------------------------------------------------------------------ read-only properties
-    dtype = property(lambda self: self._kv.dtype)
-    compute_dtype = property(lambda self: self._kv.compute_dtype)
-    k_scale = property(lambda self: self._kv.k_scale)
-    v_scale = property(lambda self: self._kv.v_scale)
-    kv_is_compute_dtype = property(lambda self: self._kv.dtype == self._kv.compute_dtype)
-    closed = property(lambda self: self._closed)
+    # ------------------------------------------------------------------ properties (all raise after close())
+    num_layers = _state(lambda self: self._num_layers)
+    num_slots = _state(lambda self: self._num_slots)
+    num_kv_heads = _state(lambda self: self._num_kv_heads)
+    head_dim = _state(lambda self: self._head_dim)
+    page_size = _state(lambda self: self._page_size)
+    device = _state(lambda self: self._device)
+    dtype = _state(lambda self: self._kv.dtype, doc="Storage dtype of K and V.")
+    compute_dtype = _state(lambda self: self._kv.compute_dtype, doc="The dtype get() returns.")
+    k_scale = _state(lambda self: self._kv.k_scale, doc="FP8 K scale (1.0 for float storage); pass to attention.")
+    v_scale = _state(lambda self: self._kv.v_scale, doc="FP8 V scale (1.0 for float storage); pass to attention.")
+    kv_is_compute_dtype = _state(lambda self: self._kv.dtype == self._kv.compute_dtype)
+    fresh_page_fill = _state(lambda self: self._binder.fresh_page_fill, doc='"none", "zero" or "poison"')
+    radix = _state(lambda self: self._radix,
+                   doc="The embedded tree, for inspection only: mutate it through the pool (evicting it directly "
+                       "would leak pages).")
+    key_cache = _state(lambda self: self._kv.key_cache, doc="K buffer [num_layers, num_slots, Hkv, D].")
+    value_cache = _state(lambda self: self._kv.value_cache, doc="V buffer [num_layers, num_slots, Hkv, D].")
+    free_pages = _state(lambda self: self._pages.free_pages)
+    free_slots = _state(lambda self: self._pages.free_pages * self._page_size)
+    request_capacity = _state(lambda self: self._step.min_capacity if self._step is not None else 0,
+                              doc="Smallest capacity among the active rows (0 when no step is active).")
+    bound_request_count = _state(lambda self: len(self._table), doc="Bound requests, offloaded ones included.")
+    prefix_reuse_enabled = _state(lambda self: self._binder.prefix_reuse,
+                                  lambda self, on: setattr(self._binder, "prefix_reuse", bool(on)),
+                                  doc="Match prompts against the tree on bind and insert on finish.")
+    zero_rejected_kv = _state(lambda self: self._zero_rejected_kv,
+                              lambda self, on: setattr(self, "_zero_rejected_kv", bool(on)),
+                              doc="truncate_to zeroes the rejected tail of a verify window.")
+    prefix_prompt_tokens = _state(lambda self: self._binder.prompt_tokens,
+                                  doc="Prompt tokens of every bind made with reuse on (cumulative).")
+    prefix_match_tokens = _state(lambda self: self._binder.match_tokens,
+                                 doc="Matched (capped) prefix tokens of those binds (cumulative).")
+    prefix_insert_tokens = _state(lambda self: self._binder.insert_tokens,
+                                  doc="Tokens newly inserted into the tree by finishes (cumulative).")
+    prefix_evict_tokens = _state(lambda self: self._binder.evict_tokens,
+                                 doc="Tokens the pool evicted from the tree (cumulative).")
 
     @property
-    def radix(self) -> RadixCache:
-        """The embedded tree, for inspection only: mutate it through the pool (evicting directly leaks pages)."""
-        return self._radix
-
-    @property
-    @_locked
-    def key_cache(self) -> torch.Tensor:
-        return self._kv.key_cache
-
-    @property
-    @_locked
-    def value_cache(self) -> torch.Tensor:
-        return self._kv.value_cache
-
-    @property
-    @_locked
-    def free_pages(self) -> int:
-        return self._pages.free_pages
-
-    @property
-    def free_slots(self) -> int:
-        return self.free_pages * self.page_size
-
-    @property
-    @_locked
-    def request_capacity(self) -> int:
-        """Smallest capacity among the active rows (0 when no step is active)."""
-        return self._step.min_capacity if self._step is not None else 0
-
-    @property
-    @_locked
-    def bound_request_count(self) -> int:
-        return len(self._table)
-
-    @property
-    def prefix_reuse_enabled(self) -> bool:
-        return self._binder.prefix_reuse
-
-    @prefix_reuse_enabled.setter
-    def prefix_reuse_enabled(self, enabled: bool) -> None:
-        with self._lock:
-            self._binder.prefix_reuse = bool(enabled)
-
-    prefix_prompt_tokens = property(lambda self: self._binder.prompt_tokens,
-                                    doc="Prompt tokens of every bind made with reuse on (cumulative).")
-    prefix_match_tokens = property(lambda self: self._binder.match_tokens,
-                                   doc="Matched (capped) prefix tokens of those binds (cumulative).")
-    prefix_insert_tokens = property(lambda self: self._binder.insert_tokens,
-                                    doc="Tokens newly inserted into the tree by finishes (cumulative).")
-    prefix_evict_tokens = property(lambda self: self._binder.evict_tokens,
-                                   doc="Tokens the pool evicted from the tree (cumulative).")
+    def closed(self) -> bool:
+        return self._closed
 
     # ------------------------------------------------------------------ helpers
     def _capacity_pages(self, total_capacity: Any) -> int:
-        return ceil_page(as_int(total_capacity, "total_capacity", minimum=1), self.page_size) // self.page_size
+        return ceil_page(as_int(total_capacity, "total_capacity", minimum=1), self._page_size) // self._page_size
 
     def _release(self, b: Binding, sequence: np.ndarray | None = None) -> None:
         """Unbind ``b`` (finishing it into the tree when ``sequence`` is given) and drop it from the step."""
@@ -163,7 +171,7 @@ class KvCachePool:
             self._clear_step()
 
     def _exhausted_detail(self) -> str:
-        return (f"{self._pages.free_pages} free and {self._radix.evictable_size // self.page_size} evictable pages")
+        return (f"{self._pages.free_pages} free and {self._radix.evictable_size // self._page_size} evictable pages")
 
     def _clear_step(self) -> None:
         """Drop the active step with its step CSR; prepared graph indices no longer apply to any batch."""
@@ -175,7 +183,7 @@ class KvCachePool:
         if self._step is not None and self._step.ids == tuple(b.request_id for b in bindings):
             return
         self._clear_step()
-        self._step = ActiveStep(bindings, self.page_size, self.device)
+        self._step = ActiveStep(bindings, self._page_size, self._device)
 
     def _lookup(self, request_id: Any) -> Binding | None:
         if isinstance(request_id, bool) or not isinstance(request_id, (int, np.integer)):
@@ -190,7 +198,8 @@ class KvCachePool:
     def _binding(self, request_id: Any) -> Binding:
         b = self._lookup(request_id)
         if b is None:
-            raise ValueError(f"Unknown request id: {request_id!r}; bound ids are {[x.request_id for x in self._table]}")
+            raise ValueError(f"Unknown request id: {request_id!r}; bound ids are {[x.request_id for x in self._table]} "
+                             f"(bind it first, or it was finished, unbound or released by an exclusive bind)")
         return b
 
     # ------------------------------------------------------------------ binding verbs (API.md 3.1)
@@ -208,10 +217,10 @@ class KvCachePool:
             raise ValueError(f"prompt of {len(prompt)} tokens is longer than total_capacity {total_capacity}")
         release = [b for b in self._table if b.exclusive]
         matched, available = self._binder.plan(prompt, release)
-        need = want - matched // self.page_size
+        need = want - matched // self._page_size
         if need > available:
             raise KvCacheExhaustedError(
-                f"bind_request needs {need} pages ({want * self.page_size} slots, {matched} matched) but only "
+                f"bind_request needs {need} pages ({want * self._page_size} slots, {matched} matched) but only "
                 f"{available} are free or evictable; keep the request queued until others finish")
         for old in release:
             self._release(old)
@@ -231,11 +240,11 @@ class KvCachePool:
             raise ValueError(f"prompt of {len(prompt)} tokens is longer than total_capacity {total_capacity}")
         release = list(self._table)
         matched, available = self._binder.plan(prompt, release)
-        pages = matched // self.page_size + min(want - matched // self.page_size, available)
-        if pages * self.page_size < max(1, len(prompt)):
+        pages = matched // self._page_size + min(want - matched // self._page_size, available)
+        if pages * self._page_size < max(1, len(prompt)):
             raise ValueError(
-                f"Prompt length {len(prompt)} exceeds free KV capacity {pages * self.page_size} "
-                f"(prefix={matched}, pool={self.num_slots} slots); shorten the prompt or use a larger pool")
+                f"Prompt length {len(prompt)} exceeds free KV capacity {pages * self._page_size} "
+                f"(prefix={matched}, pool={self._num_slots} slots); shorten the prompt or use a larger pool")
         for old in release:
             self._release(old)
         b = self._binder.bind(prompt, pages, matched, exclusive=True)
@@ -254,8 +263,8 @@ class KvCachePool:
         per_row = min(want, available // batch)
         if per_row < 1:
             raise KvCacheExhaustedError(
-                f"KV cache exhausted: need at least {self.page_size} slots per request for batch {batch}, "
-                f"have {available * self.page_size} free or evictable; use a smaller batch")
+                f"KV cache exhausted: need at least {self._page_size} slots per request for batch {batch}, "
+                f"have {available * self._page_size} free or evictable; use a smaller batch")
         for b in release:
             self._release(b)
         rows = [self._binder.bind(EMPTY, per_row, 0, exclusive=True) for _ in range(batch)]
@@ -308,7 +317,8 @@ class KvCachePool:
 
     @_locked
     def is_bound(self, request_id: int) -> bool:
-        return request_id in self._table
+        """True for a bound request (offloaded ones included); False for anything else."""
+        return self._lookup(request_id) is not None
 
     @_locked
     def matched_prefix_len(self, request_id: int) -> int:
@@ -331,7 +341,7 @@ class KvCachePool:
             raise ValueError("activate_step needs at least one request id")
         bindings = [self._binding(i) for i in request_ids]
         if len({b.request_id for b in bindings}) != len(bindings):
-            raise ValueError(f"activate_step got duplicate ids: {list(request_ids)}")
+            raise ValueError(f"activate_step got duplicate ids: {list(request_ids)}; list each request once")
         for b in bindings:
             if b.offload is not None:
                 raise RequestOffloadedError(
@@ -342,6 +352,8 @@ class KvCachePool:
     def ensure_request(self, batch_size: int, end_pos: int) -> None:
         """Raise KvCacheExhaustedError unless the active step has ``batch_size`` rows, each with capacity
         ``>= end_pos``."""
+        batch_size = as_int(batch_size, "batch_size", minimum=1)
+        end_pos = as_int(end_pos, "end_pos", minimum=0)
         if self._step is None:
             raise KvCacheExhaustedError("No request bound; call bind_request/activate_step or bind_with_prefix first")
         if self._step.batch != batch_size:
@@ -353,9 +365,9 @@ class KvCachePool:
 
     # ------------------------------------------------------------------ writing and reading KV (API.md 3.2)
     def _check_layer(self, layer: Any) -> int:
-        if type(layer) is int and 0 <= layer < self.num_layers:
+        if type(layer) is int and 0 <= layer < self._num_layers:
             return layer
-        return as_int(layer, "layer", minimum=0, maximum=self.num_layers - 1)
+        return as_int(layer, "layer", minimum=0, maximum=self._num_layers - 1)
 
     @_locked
     def put(self, layer: int, start_pos: Any, k: torch.Tensor, v: torch.Tensor,
@@ -372,14 +384,15 @@ class KvCachePool:
         step = self._require_step()
         layer = self._check_layer(layer)
         advance = True
+        prepared = None
         seqlen = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else None  # else write() raises
         if seqlen is not None and (self._decode.enabled or self._verify.enabled):
             if self._decode.enabled and seqlen == 1:
-                slot_idx = self._decode.index_for(step, step.start_of(start_pos))
+                prepared = self._decode.index_for(step, step.start_of(start_pos))
                 advance = not self._decode.scratch  # capture writes to scratch slots are not the rows' KV
             elif self._verify.enabled:
-                slot_idx = self._verify.index_for(step, step.start_of(start_pos), seqlen)
-        step.write(self._kv, self._table.kv_len, layer, start_pos, k, v, slot_idx, advance)
+                prepared = self._verify.index_for(step, step.start_of(start_pos), seqlen)
+        step.write(self._kv, self._table.kv_len, layer, start_pos, k, v, slot_idx, advance, prepared)
 
     @_locked
     def get(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -421,11 +434,9 @@ class KvCachePool:
     @_locked
     def set_kv_scales(self, k_scale: float, v_scale: float) -> None:
         """Set the fixed FP8 scales. Only while nothing is stored (no bindings, empty tree, no caller pages):
-        RuntimeError otherwise, since stored values would be reinterpreted."""
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale)
-                    and scale > 0):
-                raise ValueError(f"{name} must be a finite float > 0, got {scale!r}")
+        RuntimeError otherwise, since stored values would be reinterpreted. ValueError for scales other than 1.0
+        on float storage."""
+        _check_scales(self._kv.dtype, k_scale, v_scale)
         if len(self._table) or self._radix.total_size() or self._pages.count(PageOwner.CALLER):
             raise RuntimeError("set_kv_scales while KV is stored would rescale it; call it before binding, "
                                "after unbind_requests() and with an empty prefix tree")
@@ -437,7 +448,7 @@ class KvCachePool:
         """A caller-owned CSR of the active rows at ``lengths`` (an int for every row, or one per row; 0 gives an
         empty row with ``last_page_len`` 0), each at most the row's capacity (ValueError beyond)."""
         step = self._require_step()
-        return build_csr(step.page_table, step.lengths(lengths, "lengths"), self.page_size, self.device)
+        return build_csr(step.page_table, step.lengths(lengths, "lengths"), self._page_size, self._device)
 
     @_locked
     def shared_flashinfer_metadata(self, lengths: Any) -> FlashInferKvMetadata:
@@ -491,9 +502,9 @@ class KvCachePool:
         if (written < sealed).any():
             raise ValueError(f"writtenEnd must be >= sealedLen: written_end {written.tolist()}, sealed_len "
                              f"{sealed.tolist()}")
-        if self.zero_rejected_kv:
+        if self._zero_rejected_kv:
             self._check_not_below_prefix(step, sealed, written, "truncate_to zeroing")
-            self._kv.zero_slots(torch.from_numpy(step.range_slots(sealed, written)).to(self.device))
+            self._kv.zero_slots(step.range_slots(sealed, written))
         return self._seal(step, sealed)
 
     @_locked
@@ -507,7 +518,7 @@ class KvCachePool:
         if (end < start).any():
             raise ValueError(f"invalidate_range needs from_pos <= end_pos, got {start.tolist()} and {end.tolist()}")
         self._check_not_below_prefix(step, start, end, "invalidate_range")
-        self._kv.zero_slots(torch.from_numpy(step.range_slots(start, end)).to(self.device))
+        self._kv.zero_slots(step.range_slots(start, end))
         step.lower_kv_len(self._table.kv_len, np.where(end > start, start, self._table.kv_len[step.rows]))
 
     @staticmethod
@@ -521,34 +532,27 @@ class KvCachePool:
     # ------------------------------------------------------------------ CUDA-graph fixed buffers (API.md 3.5)
     def num_pages_for_length(self, length: int) -> int:
         """Pages a row of ``length`` tokens spans: ``ceil(length / page_size)``."""
-        return -(-as_int(length, "length") // self.page_size)
+        return -(-as_int(length, "length") // self._page_size)
 
     def steps_until_page_boundary(self, cache_len: int) -> int:
         """Decode steps until ``cache_len`` fills its last page (0 when it just did)."""
-        rem = as_int(cache_len, "cache_len") % self.page_size
-        return 0 if rem == 0 else self.page_size - rem
+        rem = as_int(cache_len, "cache_len") % self._page_size
+        return 0 if rem == 0 else self._page_size - rem
 
     def first_cache_len_in_next_page_bucket(self, num_pages: int) -> int:
         """The first length that needs ``num_pages + 1`` pages."""
-        return as_int(num_pages, "num_pages") * self.page_size + 1
+        return as_int(num_pages, "num_pages") * self._page_size + 1
 
-    decode_graph_buffers = property(lambda self: self._decode.enabled, lambda self, on: self._set_flag("_decode", on),
-                                    doc="put with S == 1 writes through the prepared decode index buffer")
-    verify_graph_buffers = property(lambda self: self._verify.enabled, lambda self, on: self._set_flag("_verify", on),
-                                    doc="put writes through the prepared verify index buffer")
-
-    def _set_flag(self, name: str, on: bool) -> None:
-        with self._lock:
-            getattr(self, name).enabled = bool(on)
-
-    @property
-    def verify_window_kernel(self) -> bool:
-        """Set only during an MTP verify forward: small windows may take the paged verify kernel eagerly."""
-        return self._verify.window_kernel
-
-    @verify_window_kernel.setter
-    def verify_window_kernel(self, on: bool) -> None:
-        self._verify.window_kernel = bool(on)
+    decode_graph_buffers = _state(lambda self: self._decode.enabled,
+                                  lambda self, on: setattr(self._decode, "enabled", bool(on)),
+                                  doc="put with S == 1 writes through the prepared decode index buffer.")
+    verify_graph_buffers = _state(lambda self: self._verify.enabled,
+                                  lambda self, on: setattr(self._verify, "enabled", bool(on)),
+                                  doc="put writes through the prepared verify index buffer.")
+    verify_window_kernel = _state(lambda self: self._verify.window_kernel,
+                                  lambda self, on: setattr(self._verify, "window_kernel", bool(on)),
+                                  doc="Set only during an MTP verify forward: small windows may take the paged "
+                                      "verify kernel eagerly.")
 
     def _window_starts(self, step: ActiveStep, cache_len: Any, start_pos: Any, window: int,
                        what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -600,14 +604,14 @@ class KvCachePool:
             if need - len(scratch) > self._binder.available_pages():
                 raise KvCacheExhaustedError(f"prefetch needs {need} scratch pages, have {self._exhausted_detail()}")
             added = self._binder.take(need - len(scratch), PageOwner.SCRATCH)
-            self._kv.zero_slots(torch.from_numpy(self._page_slots(added)).to(self.device))  # never NaN
+            self._kv.zero_slots(page_slots(added, self._page_size))  # scratch never holds NaN
             scratch = self._prefetch.scratch_pages = np.concatenate([scratch, added])
         pf = self._prefetch
         pf.saved_meta, pf.saved_lengths, pf.saved_step = step.csr.meta, step.csr.lengths, step
         lengths = np.full(step.batch, cache_len, dtype=np.int64)
-        pf.meta = build_csr(step.page_table, lengths, self.page_size, self.device)
+        pf.meta = build_csr(step.page_table, lengths, self._page_size, self._device)
         step.csr.install(pf.meta, lengths)
-        slot = int(scratch[cache_pos // self.page_size]) * self.page_size + cache_pos % self.page_size
+        slot = int(scratch[cache_pos // self._page_size]) * self._page_size + cache_pos % self._page_size
         self._decode.point_at(step, np.full(step.batch, cache_pos, dtype=np.int64),
                               np.full(step.batch, slot, dtype=np.int64), scratch=True)
         pf.active = True
@@ -684,15 +688,12 @@ class KvCachePool:
         """int32 ``[0, W, 2W, .., B*W]`` on the pool's device: one fixed tensor per shape for the pool's life."""
         return self._verify.qo_indptr(as_int(batch, "batch", minimum=1), as_int(window_len, "window_len", minimum=1))
 
-    def _page_slots(self, pages: np.ndarray) -> np.ndarray:
-        return (pages[:, None] * self.page_size + np.arange(self.page_size)).reshape(-1)
-
     # ------------------------------------------------------------------ caller-owned pages
     @_locked
     def alloc(self, num_tokens: int) -> np.ndarray:
         """Page-aligned slot ids (``ceil_page(num_tokens)`` of them) owned by the caller, evicting from the tree
         if needed. Raises KvCacheExhaustedError, changing nothing, if still short."""
-        n = ceil_page(as_int(num_tokens, "num_tokens", minimum=0), self.page_size) // self.page_size
+        n = ceil_page(as_int(num_tokens, "num_tokens", minimum=0), self._page_size) // self._page_size
         if n > self._binder.available_pages():
             raise KvCacheExhaustedError(
                 f"KV cache OOM: need {n} pages, have {self._exhausted_detail()}; free pages or finish requests")
@@ -731,8 +732,11 @@ class KvCachePool:
         """Bring an offloaded request's KV back, byte-identical, into whatever pages are free (evicting unlocked
         tree pages as needed). Raises KvCacheExhaustedError, changing nothing, if the pages do not fit."""
         b = self._binding(request_id)
-        if b.offload is None or b.offload is not handle:
-            raise ValueError(f"restore_request({b.request_id}) needs the handle offload_request returned for it")
+        if b.offload is None:
+            raise RuntimeError(f"request {b.request_id} is not offloaded; only an offloaded request can be restored")
+        if b.offload is not handle:
+            raise ValueError(f"restore_request({b.request_id}) needs the handle offload_request returned for it, "
+                             f"not the one of request {getattr(handle, 'request_id', handle)!r}")
         if handle.num_private_pages > self._binder.available_pages():
             raise KvCacheExhaustedError(
                 f"restore of request {b.request_id} needs {handle.num_private_pages} pages, have "
@@ -791,6 +795,6 @@ class KvCachePool:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"free_pages={self._pages.free_pages}, bound={len(self._table)}"
-        return (f"KvCachePool(layers={self.num_layers}, slots={self.num_slots}, kv_heads={self.num_kv_heads}, "
-                f"head_dim={self.head_dim}, page_size={self.page_size}, dtype={self._kv.dtype}, "
-                f"device={self.device}, {state})")
+        return (f"KvCachePool(layers={self._num_layers}, slots={self._num_slots}, kv_heads={self._num_kv_heads}, "
+                f"head_dim={self._head_dim}, page_size={self._page_size}, dtype={self._kv.dtype}, "
+                f"device={self._device}, {state})")

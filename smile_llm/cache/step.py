@@ -22,6 +22,22 @@ from .metadata import StepCsr
 INDEX_CACHE_ENTRIES = 4  # a step's write window, its read, and a padded read fit
 
 
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+_ARANGE = np.arange(0, dtype=np.int64)
+
+
+def _arange(n: int) -> np.ndarray:
+    """A read-only ``arange(n)`` view of one shared, growing array (no allocation per step)."""
+    global _ARANGE
+    if len(_ARANGE) < n:
+        _ARANGE = np.arange(max(n, 2 * len(_ARANGE)), dtype=np.int64)
+        _ARANGE.setflags(write=False)
+    return _ARANGE[:n]
+
+
 class ActiveStep:
     def __init__(self, bindings: list[Binding], page_size: int, device: torch.device) -> None:
         self.bindings = tuple(bindings)
@@ -41,7 +57,6 @@ class ActiveStep:
             table[i, : len(b.page_ids)] = b.page_ids
         self.page_table = table  # int64[B, max_pages], host
         self._page_offsets = np.arange(page_size, dtype=np.int64)
-        self._arange = np.arange(self.max_capacity, dtype=np.int64)
         last_pages = table[np.arange(self.batch), self.capacity // page_size - 1]
         self._last_slot = last_pages * page_size + page_size - 1  # int64[B], each row's last slot
         self._index_cache: dict[tuple[Any, int, bool], torch.Tensor] = {}  # oldest first
@@ -61,10 +76,10 @@ class ActiveStep:
             slots = (pages[:, :, None] * ps + self._page_offsets).reshape(self.batch, -1)
             slots = slots[:, s0 - first * ps : s0 - first * ps + length]
             if clamp and self.min_capacity < s0 + length:
-                pos = s0 + self._arange[:length]
+                pos = s0 + _arange(length)
                 slots = np.where(pos >= self.capacity[:, None], self._last_slot[:, None], slots)
             return np.ascontiguousarray(slots).reshape(-1)
-        pos = start[:, None] + self._arange[:length]
+        pos = start[:, None] + _arange(length)
         if clamp:
             pos = np.minimum(pos, (self.capacity - 1)[:, None])
         flat = (np.arange(self.batch) * self.page_table.shape[1])[:, None] + pos // ps
@@ -108,7 +123,7 @@ class ActiveStep:
     def range_slots(self, start: np.ndarray, end: np.ndarray) -> np.ndarray:
         """Slots of the ragged ranges ``[start_b, end_b)`` of every row, concatenated (O(B * longest range))."""
         width = int((end - start).max()) if self.batch else 0
-        pos = start[:, None] + self._arange[:width]
+        pos = start[:, None] + _arange(width)
         keep = pos < end[:, None]
         ps = self.page_size
         flat = (np.arange(self.batch) * self.page_table.shape[1])[:, None] + np.where(keep, pos, 0) // ps
@@ -144,10 +159,14 @@ class ActiveStep:
         return same_device(t.device, self.device)
 
     def write(self, kv: KvStore, kv_len: np.ndarray, layer: int, start_pos: Any, k: Any, v: Any,
-              slot_idx: Any, advance: bool = True) -> None:
+              slot_idx: Any, advance: bool = True, prepared: torch.Tensor | None = None) -> None:
         """``put`` for this step: validate everything, write, then advance ``kv_len`` (a put at
         ``start <= kv_len`` raises it to ``start + S``; one past it leaves a gap and moves nothing). The common
-        case (an int ``start_pos``) is checked with scalars only: this runs once per layer per step."""
+        case (an int ``start_pos``) is checked with scalars only: this runs once per layer per step.
+
+        ``prepared`` is a fixed graph index buffer the pool prepared for this window (trusted); a caller's
+        ``slot_idx`` must equal this step's own index of the window (ValueError otherwise), so no put can reach a
+        slot outside the rows' private pages. The comparison is skipped only inside a CUDA-graph capture."""
         if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
             raise ValueError(f"k and v must be torch.Tensor [B, S, Hkv, D], got {type(k).__name__}, "
                              f"{type(v).__name__}")
@@ -173,8 +192,13 @@ class ActiveStep:
                                  f"({int(self.matched[b])} tokens, owned by the prefix tree); write from the "
                                  f"matched length on")
         n = self.batch * seqlen
-        if slot_idx is not None:
+        if prepared is not None:
+            idx = prepared
+        elif slot_idx is not None:
             idx = self.check_index(slot_idx, n, "slot_idx")
+            if not _capturing(self.device) and not torch.equal(idx, self.index(start, seqlen)):
+                raise ValueError("slot_idx is not window_slot_indices(start_pos, S) of the active step; compute it "
+                                 "from the pool for this step and window")
         else:
             idx = self.index(start, seqlen)
         kv.write(layer, idx, k.reshape(n, *head_shape), v.reshape(n, *head_shape))

@@ -207,7 +207,7 @@ def test_offload_and_restore_errors(pool: KvCachePool) -> None:
     expect_unchanged(pool, KvCacheExhaustedError, pool.restore_request, rid, handle, match="needs 2 pages")
     pool.free(filler)
     pool.restore_request(rid, handle)
-    expect_unchanged(pool, ValueError, pool.restore_request, rid, handle, match="handle")
+    expect_unchanged(pool, RuntimeError, pool.restore_request, rid, handle, match="not offloaded")
 
 
 def test_page_bytes_errors(pool: KvCachePool) -> None:
@@ -228,7 +228,8 @@ def test_page_bytes_errors(pool: KvCachePool) -> None:
 def test_set_kv_scales_errors(pool: KvCachePool) -> None:
     for bad in (0.0, -1.0, float("nan"), float("inf"), "1", True):
         expect_unchanged(pool, ValueError, pool.set_kv_scales, bad, 1.0)
-    expect_unchanged(pool, RuntimeError, pool.set_kv_scales, 2.0, 2.0, match="while KV is stored")
+    expect_unchanged(pool, ValueError, pool.set_kv_scales, 2.0, 1.0, match="only FP8 storage is scaled")
+    expect_unchanged(pool, RuntimeError, pool.set_kv_scales, 1.0, 1.0, match="while KV is stored")
 
 
 @pytest.mark.parametrize(
@@ -236,7 +237,7 @@ def test_set_kv_scales_errors(pool: KvCachePool) -> None:
     [
         dict(num_layers=0), dict(num_slots=0), dict(num_kv_heads=-1), dict(head_dim=1.5), dict(page_size=0),
         dict(num_slots=30), dict(dtype=torch.int32), dict(fresh_page_fill="nan"), dict(k_scale=0.0),
-        dict(v_scale=float("nan")),
+        dict(v_scale=float("nan")), dict(k_scale=True), dict(k_scale=2.0), dict(v_scale=0.5, dtype=torch.bfloat16),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs: dict) -> None:
@@ -268,3 +269,30 @@ def test_every_call_after_close_raises(pool: KvCachePool) -> None:
         with pytest.raises(PoolClosedError, match="closed"):
             call()
     assert isinstance(PoolClosedError("x"), RuntimeError)
+
+
+def test_slot_idx_must_be_the_step_window(pool: KvCachePool) -> None:
+    good = torch.from_numpy(pool.window_slot_indices(11, 2))
+    tree_slot = int(pool._table.get(pool.test_rid).page_ids[0]) * PS
+    for bad in (torch.tensor([tree_slot, tree_slot + 1]), good.flip(0), torch.tensor([10**6, 0]), good - 1):
+        expect_unchanged(pool, ValueError, pool.put, 0, 11, *kv(1, 2), slot_idx=bad, match="window_slot_indices")
+    pool.put(0, 11, *kv(1, 2), slot_idx=good)
+
+
+def test_request_id_queries_accept_only_ints(pool: KvCachePool) -> None:
+    rid = pool.test_rid
+    for bad in ([rid], float(rid), str(rid), None, True):
+        assert pool.is_bound(bad) is False and pool.matched_prefix_len(bad) == 0
+    assert pool.is_bound(rid) and pool.is_bound(np.int64(rid)) and pool.matched_prefix_len(np.int32(rid)) == 8
+    for args in (("1", 1), (1, "1"), (0, 1), (1, -1), (1.0, 4)):
+        expect_unchanged(pool, ValueError, pool.ensure_request, *args)
+
+
+def test_write_page_from_a_misaligned_view_is_exact_and_atomic(pool: KvCachePool) -> None:
+    private = int(pool._table.get(pool.test_rid).private_pages(PS)[0])
+    page_bytes = PS * 1 * 2 * 4
+    backing = torch.arange(page_bytes + 1, dtype=torch.uint8)
+    view = backing[1:]  # odd storage offset: a float32 view of it would be misaligned
+    pool.write_page(1, private, view, view.clone())
+    assert pool.read_page(1, private) == (view.numpy().tobytes(), view.numpy().tobytes())
+    expect_unchanged(pool, ValueError, pool.write_page, 0, private, view, view[:-1])

@@ -288,3 +288,56 @@ def test_put_casts_to_the_pool_dtype() -> None:
     k, v = pool.get(0, 1)
     assert k.dtype == v.dtype == torch.bfloat16 == pool.compute_dtype and pool.kv_is_compute_dtype
     assert k.flatten().tolist() == [1.5, 1.5] and v.flatten().tolist() == [2.5, 2.5]
+
+
+def test_ragged_rows_capacity_is_the_smallest_and_ensure_checks_every_row() -> None:
+    pool = make_pool(128)
+    small, large = pool.bind_request([1], 8), pool.bind_request([2], 24)
+    pool.activate_step(large, small)
+    assert pool.request_capacity == 8
+    pool.ensure_request(2, 8)
+    with pytest.raises(KvCacheExhaustedError, match="capacity=8"):
+        pool.ensure_request(2, 9)
+    with pytest.raises(KvCacheExhaustedError, match="2 rows, not 1"):
+        pool.ensure_request(1, 4)
+
+
+def test_batched_rewrite_inside_the_written_prefix_never_lowers_kv_len() -> None:
+    pool = make_pool(128)
+    ids = [pool.bind_request([1], 16), pool.bind_request([2], 16)]
+    pool.activate_step(*ids)
+    write(pool, 0, 10, 0.0, batch=2)
+    pool.put(0, [2, 5], torch.zeros(2, 3, 1, 2), torch.zeros(2, 3, 1, 2))  # per-row starts inside the prefix
+    assert [pool.kv_len(i) for i in ids] == [10, 10]
+    pool.put(0, [10, 12], torch.zeros(2, 2, 1, 2), torch.zeros(2, 2, 1, 2))  # row 1 leaves a gap
+    assert [pool.kv_len(i) for i in ids] == [12, 10]
+
+
+def test_a_permuted_cohort_is_a_new_step_with_rows_in_the_new_order() -> None:
+    pool = make_pool(128)
+    a, b = pool.bind_request([1], 8), pool.bind_request([2], 8)
+    pool.activate_step(a, b)
+    pool.put(0, 0, torch.tensor([1.0, 2.0]).view(2, 1, 1, 1).expand(2, 1, 1, 2).contiguous(), torch.zeros(2, 1, 1, 2))
+    meta = pool.shared_flashinfer_metadata(1)
+    pool.activate_step(b, a)
+    k, _ = pool.get(0, 1)
+    assert k[:, 0, 0, 0].tolist() == [2.0, 1.0]
+    assert pool.current_step_metadata() is None and pool.shared_flashinfer_metadata(1) is not meta
+
+
+def test_put_never_changes_the_callers_tensors() -> None:
+    for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
+        pool = KvCachePool(1, 8, 1, 2, 4, dtype=dtype)
+        pool.bind_request([1], 4)
+        k = torch.tensor([1000.0, -5000.0]).view(1, 1, 1, 2)
+        v = k.clone().requires_grad_(True)
+        pool.put(0, 0, k, v)  # a tensor that requires grad is fine too
+        assert k.flatten().tolist() == [1000.0, -5000.0] and v.detach().flatten().tolist() == [1000.0, -5000.0]
+
+
+def test_a_pool_made_under_inference_mode_is_writable_outside_it() -> None:
+    with torch.inference_mode():
+        pool = make_pool(16)
+    pool.bind_request([1], 4)
+    write(pool, 0, 2, 3.0)
+    assert pool.get(0, 2)[0][0, :, 0, 0].tolist() == [3.0, 4.0]

@@ -83,13 +83,19 @@ class PoolMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ rules
     @rule(prompt=PROMPTS, extra=st.integers(0, 10), more=TOKENS, exclusive=st.booleans())
     def bind(self, prompt: list[int], extra: int, more: list[int], exclusive: bool) -> None:
+        self.bind_one(prompt, extra, more, exclusive)
+
+    def bind_one(self, prompt: list[int], extra: int, more: list[int], exclusive: bool) -> int | None:
         capacity = len(prompt) + extra
         seq = np.array((prompt + more * 30)[: capacity + self.ps], dtype=np.int64)
         verb = self.pool.bind_with_prefix if exclusive else self.pool.bind_request
-        ok, result = self.attempt(verb, prompt, capacity, expected=(KvCacheExhaustedError, ValueError))
+        # bind_request refuses only for lack of pages; bind_with_prefix clamps, and refuses (ValueError) only
+        # when even the prompt does not fit.
+        refusal = ValueError if exclusive else KvCacheExhaustedError
+        ok, result = self.attempt(verb, prompt, capacity, expected=(refusal,))
         if not ok:
             event("bind refused")
-            return
+            return None
         rid = self.pool._step.ids[0] if exclusive else result
         self.released_by_exclusive()
         self.requests[rid] = Request(seq)
@@ -97,13 +103,13 @@ class PoolMachine(RuleBasedStateMachine):
         assert matched % self.ps == 0 and matched <= max(0, len(prompt) - 1)
         assert self.pool.kv_len(rid) == matched
         event("bind matched a cached prefix" if matched else "bind missed")
+        return rid
 
     @rule(prompt=PROMPTS, generated=st.integers(1, 6), more=TOKENS, exclusive=st.booleans())
     def serve(self, prompt: list[int], generated: int, more: list[int], exclusive: bool) -> None:
         """A whole request: bind, compute the prompt and all generated tokens but the last sampled one, finish."""
-        self.bind(prompt, generated, more, exclusive)
-        rid = max(self.requests, default=None)
-        if rid is None or self.pool.kv_len(rid) != self.pool.matched_prefix_len(rid) or rid in self.handles:
+        rid = self.bind_one(prompt, generated, more, exclusive)
+        if rid is None:
             return
         self.pool.activate_step(rid)
         start = self.pool.kv_len(rid)
@@ -173,11 +179,16 @@ class PoolMachine(RuleBasedStateMachine):
     def finish_one(self, rid: int, length: int) -> None:
         seq = self.requests[rid].seq[:length]
         b = self.pool._table.get(rid)
-        inserted_bound = (min(len(seq), self.pool.kv_len(rid)) // self.ps) * self.ps - b.matched_len
+        insert_len = (min(len(seq), self.pool.kv_len(rid)) // self.ps) * self.ps
+        inserts = b.offload is None and self.pool.prefix_reuse_enabled
         cached = self.pool.radix.total_size()
         self.pool.finish_request(rid, seq)
         grew = self.pool.radix.total_size() - cached
-        assert grew <= max(0, inserted_bound) if b.offload is None else grew == 0
+        if inserts:  # the written, page-aligned prefix is now cached (by this finish or an earlier one)
+            assert sum(s.matched for s in self.pool.radix.peek_prefix(seq[:insert_len])) == insert_len
+            assert grew <= max(0, insert_len - b.matched_len)
+        else:
+            assert grew == 0
         event("finish inserted" if grew else "finish inserted nothing")
         del self.requests[rid]
         self.handles.pop(rid, None)
@@ -190,6 +201,16 @@ class PoolMachine(RuleBasedStateMachine):
             self.pool.unbind_request(rid)
             del self.requests[rid]
             self.handles.pop(rid, None)
+
+    @rule()
+    def unbind_all(self) -> None:
+        self.pool.unbind_requests()
+        self.requests.clear()
+        self.handles.clear()
+
+    @rule(on=st.booleans())
+    def toggle_reuse(self, on: bool) -> None:
+        self.pool.prefix_reuse_enabled = on
 
     @rule(n=st.integers(0, 9), fill=st.integers(0, 255))
     def alloc(self, n: int, fill: int) -> None:
@@ -214,11 +235,7 @@ class PoolMachine(RuleBasedStateMachine):
         resident = self.resident()
         if resident:
             rid = data.draw(st.sampled_from(resident))
-            self.handles[rid] = self.pool.offload_request(rid)
-            # Only pages covering [0, kv_len) are saved: gap writes past them come back freshly filled.
-            saved_end = -(-self.pool.kv_len(rid) // self.ps) * self.ps
-            self.requests[rid].gap_writes = {p for p in self.requests[rid].gap_writes if p < saved_end}
-            self.requests[rid].zeroed = {p for p in self.requests[rid].zeroed if p < saved_end}
+            self.handles[rid] = self.pool.offload_request(rid)  # every private page, byte for byte
 
     @precondition(lambda self: self.handles)
     @rule(data=st.data())
@@ -247,7 +264,12 @@ class PoolMachine(RuleBasedStateMachine):
             kv_len = self.pool.kv_len(rid)
             positions = np.arange(b.capacity)
             slots = b.page_ids[positions // self.ps] * self.ps + positions % self.ps
-            got = k_cache[0, torch.from_numpy(slots), 0, 0].numpy()
+            idx = torch.from_numpy(slots)
+            got = k_cache[0, idx, 0, 0].numpy()
+            # put() writes (K, V) = (x, -x) on layer 0 and (-x, x) on layer 1: all four must agree.
+            value_cache = self.pool.value_cache
+            for other in (-value_cache[0, idx, 0, 0], -k_cache[1, idx, 0, 0], value_cache[1, idx, 0, 0]):
+                assert np.array_equal(got, other.numpy(), equal_nan=True), f"request {rid}: V or layer 1 disagree"
             for p in range(b.capacity):
                 if p in req.zeroed and p >= kv_len:
                     assert got[p] == 0.0, f"request {rid} position {p} was rejected and zeroed but reads {got[p]}"

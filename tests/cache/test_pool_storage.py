@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from smile_llm.cache import KvCacheLayout, KvCachePool
+from smile_llm.cache import KvCacheLayout, KvCachePool, PoolClosedError
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 
@@ -126,7 +126,7 @@ def test_offload_restore_is_byte_identical_into_other_pages(dtype: torch.dtype) 
     free_before = pool.free_pages
     handle = pool.offload_request(rid)
     assert pool.is_bound(rid) and pool.request_capacity == 0  # still bound, step cleared
-    assert handle.num_private_pages == 4 and handle.num_saved_pages == 2  # kv_len 14 -> pages 2 and 3
+    assert handle.num_private_pages == 4 and handle.nbytes == 2 * 2 * 4 * 4 * 2 * 4 * dtype.itemsize
     assert pool.free_pages == free_before + 4 and pool.radix.protected_size == 8
     pool.check_invariants()
     squatter = pool.alloc(8)  # the freed pages are reused by someone else
@@ -141,7 +141,7 @@ def test_offload_restore_is_byte_identical_into_other_pages(dtype: torch.dtype) 
     assert raw_after == raw_before
     assert pool.kv_len(rid) == 14
     k, _ = pool.get(0, 16)
-    assert k[0, 14:].float().isnan().all()  # unsaved tail comes back freshly (poison) filled
+    assert k[0, 14:].float().isnan().all()  # the never-written tail comes back as it was (poison bytes)
 
 
 def test_finishing_an_offloaded_request_drops_it_without_inserting() -> None:
@@ -197,7 +197,25 @@ def test_close_releases_everything_and_context_manager_closes() -> None:
         pool.bind_request([1], 8)
         pool.alloc(4)
     assert pool.closed and "closed" in repr(pool)
-    assert pool.radix.total_size() == 0
+    for name in ("num_layers", "page_size", "dtype", "k_scale", "radix", "prefix_reuse_enabled", "free_slots",
+                 "prefix_match_tokens", "decode_graph_buffers", "fresh_page_fill", "zero_rejected_kv"):
+        with pytest.raises(PoolClosedError):
+            getattr(pool, name)
+    with pytest.raises(PoolClosedError):
+        pool.prefix_reuse_enabled = False
+
+
+def test_read_only_properties_cannot_be_set() -> None:
+    pool = KvCachePool(1, 16, 1, 2, 4)
+    for name in ("num_layers", "num_slots", "num_kv_heads", "head_dim", "page_size", "device", "dtype",
+                 "compute_dtype", "k_scale", "radix", "free_pages", "request_capacity", "fresh_page_fill",
+                 "prefix_match_tokens"):
+        with pytest.raises(AttributeError):
+            setattr(pool, name, 2)
+    assert pool.page_size == 4 and pool.num_slots == 16
+    pool.prefix_reuse_enabled = False
+    pool.decode_graph_buffers = pool.verify_graph_buffers = pool.verify_window_kernel = True
+    assert not pool.prefix_reuse_enabled and pool.decode_graph_buffers and pool.verify_window_kernel
 
 
 def test_slot_indices_are_row_major_physical_slots() -> None:
@@ -209,3 +227,30 @@ def test_slot_indices_are_row_major_physical_slots() -> None:
     assert pool.slot_indices(6).tolist() == [16, 17, 18, 19, 20, 21, 8, 9, 10, 11, 12, 13]
     assert pool.window_slot_indices([3, 5], 2).tolist() == [19, 20, 13, 14]
     assert isinstance(pool.slot_indices(1), np.ndarray) and pool.slot_indices(1).dtype == np.int64
+
+
+def test_check_invariants_names_the_first_broken_page() -> None:
+    from smile_llm.cache import KvCacheCorruptionError
+
+    pool = KvCachePool(1, 32, 1, 2, 4)
+    rid = pool.bind_request([1, 2, 3], 8)
+    private = pool._table.get(rid).private_pages(4)
+    pool._pages.release(private[:1])  # a page freed behind the pool's back: free and private at once
+    with pytest.raises(KvCacheCorruptionError, match=f"page {int(private[0])} is claimed by both"):
+        pool.check_invariants()
+
+    pool = KvCachePool(1, 32, 1, 2, 4)
+    pool.alloc(4)
+    pool._pages.owner[5] = 1  # marked tree-owned, but no node holds it
+    with pytest.raises(KvCacheCorruptionError, match="page 5 is held by the free list but the owner table says tree"):
+        pool.check_invariants()
+
+    pool = KvCachePool(1, 32, 1, 2, 4)
+    prompt = list(range(1, 10))
+    pool.bind_with_prefix(prompt, 12)
+    pool.put(0, 0, torch.ones(1, 9, 1, 2), torch.ones(1, 9, 1, 2))
+    pool.finish_exclusive(prompt)
+    pool.bind_request(prompt + [1], 12)
+    next(pool.radix.nodes()).lock_ref += 1  # a lock no binding holds
+    with pytest.raises(KvCacheCorruptionError, match="lock_ref 2 but 1 bindings lock it"):
+        pool.check_invariants()
