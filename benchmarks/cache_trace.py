@@ -339,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     kv_bytes = 2 * num_slots * HEAD_DIM * 4
     print(f"  KV buffers {kv_bytes / 2**20:.1f} MiB (torch, not traced); maxrss "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (whole process, incl. the trace)")
-    print(f"check_invariants: passed at the end of every run"
+    print("check_invariants: passed at the end of every run"
           + (f", and every {args.check_every} requests with the KV read back and verified" if args.check_every
              else ""))
     return 0

@@ -1,0 +1,88 @@
+"""The attention backend protocol, and the chooser between FlashInfer and the pure-PyTorch reference.
+
+A backend is planned once per forward on the step's CSR (every layer shares the plan) and run once per layer::
+
+    backend = select_backend(pool.device)
+    backend.plan(meta, num_qo_heads=Hq, num_kv_heads=Hkv, head_dim=D, qo_indptr=None, q_dtype=.., kv_dtype=..)
+    for layer in range(num_layers):
+        out = backend.run(q[layer], pool.key_layer(layer), pool.value_layer(layer),
+                          k_scale=pool.k_scale, v_scale=pool.v_scale)
+
+FlashInfer is chosen on CUDA when it imports; the reference everywhere else. Neither this module nor the chooser
+imports FlashInfer off CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from ..cache.metadata import FlashInferKvMetadata
+from .flashinfer import FlashInferBackend, import_flashinfer
+
+_log = logging.getLogger(__name__)
+
+BACKEND_NAMES = ("reference", "flashinfer")
+_warned_fallback = False
+
+
+@runtime_checkable
+class AttentionBackend(Protocol):
+    """Paged attention over a FlashInfer CSR (``API.md`` section 4; semantics of ``reference.paged_attention``)."""
+
+    name: str
+
+    def plan(self, meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+             qo_indptr: torch.Tensor | None = None, causal: bool = True, sm_scale: float | None = None,
+             logits_soft_cap: float | None = None, q_dtype: torch.dtype = torch.float32,
+             kv_dtype: torch.dtype = torch.float32) -> None:
+        """Once per forward, outside any CUDA-graph capture; all layers share it. Decode when ``qo_indptr`` is
+        None (one query per row); ragged prefill / verify otherwise (int32 ``[B+1]``)."""
+        ...
+
+    def run(self, q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, *, k_scale: float = 1.0,
+            v_scale: float = 1.0, return_lse: bool = False) -> Any:
+        """Once per layer: ``q`` ``[total_q, Hq, D]``, ``k_layer``/``v_layer`` ``[num_pages, page_size, Hkv, D]``
+        (or ``[num_slots, Hkv, D]``). Returns ``[total_q, Hq, D]`` in q's dtype, or ``(out, lse)`` (base-2 LSE)."""
+        ...
+
+
+def _reference_backend() -> AttentionBackend:
+    from .reference import ReferenceBackend  # loaded on first use
+
+    return ReferenceBackend()  # device-agnostic: it runs wherever the tensors are
+
+
+def select_backend(device: str | torch.device, prefer: str | None = None) -> AttentionBackend:
+    """The attention backend for ``device``: FlashInfer on CUDA when it imports, the reference everywhere else.
+
+    ``prefer="reference"`` forces the reference. ``prefer="flashinfer"`` raises RuntimeError off CUDA (FlashInfer
+    has no CPU kernels) and ImportError, with the install hint, when FlashInfer does not import. With
+    ``prefer=None`` a CUDA device without a working FlashInfer gets the reference (logged once). ValueError for any
+    other ``prefer``."""
+    if prefer is not None and prefer not in BACKEND_NAMES:
+        raise ValueError(f"prefer must be None or one of {BACKEND_NAMES}, got {prefer!r}")
+    device = torch.device(device)
+    if prefer == "reference":
+        return _reference_backend()
+    on_cuda = device.type == "cuda" and torch.cuda.is_available()
+    if not on_cuda:
+        if prefer == "flashinfer":
+            raise RuntimeError(f"prefer='flashinfer' needs a CUDA device; got {device} (torch.cuda.is_available() = "
+                               f"{torch.cuda.is_available()}). FlashInfer has no CPU kernels: use prefer=None or "
+                               f"'reference' off CUDA")
+        return _reference_backend()
+    try:
+        import_flashinfer()
+    except ImportError as exc:
+        if prefer == "flashinfer":
+            raise
+        global _warned_fallback
+        if not _warned_fallback:
+            _warned_fallback = True
+            _log.warning("FlashInfer unavailable on %s (%s); attention runs on the pure-PyTorch reference",
+                         device, exc)
+        return _reference_backend()
+    return FlashInferBackend(device)

@@ -1,0 +1,445 @@
+"""FlashInfer attention backend: one ``plan`` per forward, one ``run`` per layer, on the pool's paged CSR.
+
+FlashInfer is imported lazily (:func:`import_flashinfer`), never when this module is: ``import smile_llm.attention``
+works on machines without it, and no wrapper is constructed unless the device is CUDA and
+``torch.cuda.is_available()`` (without a driver FlashInfer's constructors fail on their pinned host buffer).
+
+Kernel per ``plan``::
+
+    qo_indptr None   -> BatchDecodeWithPagedKVCacheWrapper   tensor cores when Hq/Hkv >= 4 or the KV is FP8 (SGLang)
+    qo_indptr given  -> BatchPrefillWithPagedKVCacheWrapper  ragged prefill and verify windows; bottom-right causal
+    q or KV float32  -> the reference (FlashInfer has no fp32 kernels); never in CUDA-graph mode
+
+CUDA graphs: a graph-mode backend serves one captured shape. Its wrapper's fixed buffers *are* the pool's
+fixed-address tensors (decode: the prepared decode step's CSR; verify: ``verify_graph_metadata()`` and
+``verify_qo_indptr(batch, window_len)``), so FlashInfer's in-plan copies into them are no-ops. ``plan`` reads the CSR
+on the host and must run outside capture before every replay; ``run`` does no host work and is captured.
+
+FlashInfer API used (flashinfer-python 0.2 .. 0.7.4; optional arguments go by keyword, which every version accepts
+and 0.6.18+ asks for; ``backend=`` only where the constructor has it)::
+
+    BatchDecodeWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, use_cuda_graph=, use_tensor_cores=,
+        paged_kv_indptr_buffer=, paged_kv_indices_buffer=, paged_kv_last_page_len_buffer=, backend=)
+    .plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
+          logits_soft_cap=, q_data_type=, kv_data_type=, sm_scale=)
+    BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, use_cuda_graph=, qo_indptr_buf=,
+        paged_kv_indptr_buf=, paged_kv_indices_buf=, paged_kv_last_page_len_buf=, backend=)
+    .plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
+          head_dim, page_size, *, causal=, sm_scale=, logits_soft_cap=, q_data_type=, kv_data_type=)
+    .run(q, (k_cache, v_cache), k_scale=, v_scale=, return_lse=)   # sm_scale *= k_scale; out *= v_scale; LSE base 2
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..cache.metadata import FlashInferKvMetadata
+
+if TYPE_CHECKING:
+    from ..cache.pool import KvCachePool
+
+_log = logging.getLogger(__name__)
+
+INSTALL_HINT = ("FlashInfer is not installed: on a machine with a CUDA GPU run `pip install 'smile-llm[gpu]'` "
+                "(or `pip install flashinfer-python`); select_backend(device, prefer='reference') needs nothing extra")
+
+WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace
+KV_LAYOUT = "NHD"  # the pool's per-layer view [num_pages, page_size, Hkv, D]
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+TENSOR_CORE_MIN_GROUP = 4  # SGLang's should_use_tensor_core: GQA group >= 4, or FP8 KV
+
+
+def import_flashinfer() -> Any:
+    """The ``flashinfer`` module. Raises ImportError with the install hint when it is missing, and ImportError with
+    the cause when an installed build fails to import (CUDA or torch mismatch; FlashInfer issues 3262 and 4143)."""
+    try:
+        import flashinfer
+    except ImportError as exc:
+        raise ImportError(INSTALL_HINT) from exc
+    except Exception as exc:  # a broken install raises anything at import
+        raise ImportError(f"flashinfer is installed but failed to import ({type(exc).__name__}: {exc}); install the "
+                          f"flashinfer-python build that matches torch {torch.__version__}") from exc
+    return flashinfer
+
+
+def flashinfer_available() -> bool:
+    """Whether :func:`import_flashinfer` succeeds (imports FlashInfer if it is installed)."""
+    try:
+        import_flashinfer()
+    except ImportError:
+        return False
+    return True
+
+
+def kernel_supports(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
+    """Whether FlashInfer has kernels for these dtypes: fp16/bf16 queries with KV of the same dtype or FP8."""
+    return q_dtype in HALF_DTYPES and (kv_dtype == q_dtype or kv_dtype in FP8_DTYPES)
+
+
+def rows_without_keys(kv_lens: np.ndarray, qo_indptr: np.ndarray | None, causal: bool) -> np.ndarray:
+    """Global query rows that see no key (``int64``): every query of a row with no KV and, under the bottom-right
+    causal mask, the first ``qo_len - kv_len`` queries of a row whose window is longer than its KV. FlashInfer leaves
+    them undefined (NaN: SGLang #1571, vLLM #38436); the backend writes output 0 and LSE -inf there, as the
+    reference defines them. ``qo_indptr`` None means decode (one query per row)."""
+    kv = np.asarray(kv_lens, dtype=np.int64)
+    if qo_indptr is None:
+        return np.flatnonzero(kv == 0).astype(np.int64)
+    qo = np.asarray(qo_indptr, dtype=np.int64)
+    qo_len = np.diff(qo)
+    blind = np.where(kv == 0, qo_len, np.clip(qo_len - kv, 0, None) if causal else 0)
+    total = int(blind.sum())
+    if total == 0:
+        return np.empty(0, dtype=np.int64)
+    first = np.cumsum(blind) - blind  # offset of each row's first blind query among all blind queries
+    return np.repeat(qo[:-1], blind) + np.arange(total) - np.repeat(first, blind)
+
+
+# ---------------------------------------------------------------------------------------------- workspace
+_workspace_lock = threading.Lock()
+_workspaces: dict[torch.device, torch.Tensor] = {}
+
+
+def _canonical(device: str | torch.device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def workspace_buffer(device: str | torch.device) -> torch.Tensor:
+    """The float workspace every FlashInfer wrapper on ``device`` shares: ``WORKSPACE_BYTES`` of uint8, zeroed at
+    creation (FlashInfer requires zero on first use), made once per device. Wrappers sharing it run on one stream,
+    one kernel at a time (as SGLang's do); each wrapper keeps its own int workspace for its plan."""
+    device = _canonical(device)
+    with _workspace_lock:
+        buf = _workspaces.get(device)
+        if buf is None:
+            buf = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+            _workspaces[device] = buf
+    return buf
+
+
+def _check_cuda_device(device: torch.device) -> None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError(f"FlashInferBackend needs a CUDA device; got {device} (torch.cuda.is_available() = "
+                           f"{torch.cuda.is_available()}). select_backend(device) picks the reference off CUDA")
+
+
+@functools.cache
+def _accepts_keyword(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _as_positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _host_kv_lens(meta: FlashInferKvMetadata) -> np.ndarray:
+    """Host ``int64[B]`` token count of each row, after checking the CSR (one device-to-host copy). ValueError on
+    a malformed CSR: FlashInfer checks none of it (``last_page_len > page_size`` is accepted, FlashInfer #320)."""
+    for name in ("indptr", "indices", "last_page_len"):
+        t = getattr(meta, name)
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
+            raise ValueError(f"FlashInferKvMetadata.{name} must be a 1-D int32 tensor, got "
+                             f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    batch = int(meta.last_page_len.shape[0])
+    if meta.indptr.shape[0] != batch + 1:
+        raise ValueError(f"indptr has {meta.indptr.shape[0]} entries for {batch} rows; it needs B + 1")
+    if meta.indices.device != meta.indptr.device or meta.last_page_len.device != meta.indptr.device:
+        raise ValueError("indptr, indices and last_page_len must be on one device")
+    host = torch.cat((meta.indptr, meta.last_page_len)).cpu().numpy().astype(np.int64)
+    indptr, last = host[: batch + 1], host[batch + 1:]
+    pages = np.diff(indptr)
+    if indptr[0] != 0 or (pages < 0).any():
+        raise ValueError(f"indptr must start at 0 and never decrease, got {indptr.tolist()}")
+    if indptr[-1] > meta.indices.shape[0]:
+        raise ValueError(f"indptr[-1] = {indptr[-1]} but indices holds only {meta.indices.shape[0]} pages")
+    bad = np.flatnonzero(np.where(pages > 0, (last < 1) | (last > meta.page_size), last != 0))
+    if len(bad):
+        b = int(bad[0])
+        raise ValueError(f"row {b}: last_page_len {int(last[b])} with {int(pages[b])} pages; it must be in "
+                         f"[1, page_size={meta.page_size}] for a non-empty row and 0 for an empty one")
+    return np.where(pages > 0, (pages - 1) * meta.page_size + last, 0)
+
+
+def _host_qo_indptr(qo_indptr: Any, batch: int) -> np.ndarray:
+    if (not isinstance(qo_indptr, torch.Tensor) or qo_indptr.dim() != 1 or qo_indptr.dtype == torch.bool
+            or qo_indptr.dtype.is_floating_point or qo_indptr.dtype.is_complex):
+        raise ValueError(f"qo_indptr must be a 1-D integer tensor, got {getattr(qo_indptr, 'dtype', type(qo_indptr))}")
+    qo = qo_indptr.cpu().numpy().astype(np.int64)
+    if len(qo) != batch + 1 or qo[0] != 0 or (np.diff(qo) < 0).any():
+        raise ValueError(f"qo_indptr must hold B + 1 = {batch + 1} non-decreasing offsets from 0, got {qo.tolist()}")
+    return qo
+
+
+def _paged_view(layer: torch.Tensor, page_size: int, num_kv_heads: int, head_dim: int, name: str) -> torch.Tensor:
+    """``[num_pages, page_size, Hkv, D]`` view of one layer, given as that or as the pool's ``[num_slots, Hkv, D]``."""
+    if not isinstance(layer, torch.Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(layer).__name__}")
+    shape = tuple(layer.shape)
+    if layer.dim() == 3 and shape[1:] == (num_kv_heads, head_dim) and shape[0] % page_size == 0:
+        return layer.view(-1, page_size, num_kv_heads, head_dim)
+    if layer.dim() == 4 and shape[1:] == (page_size, num_kv_heads, head_dim):
+        return layer
+    raise ValueError(f"{name} has shape {shape}; expected [num_pages, {page_size}, {num_kv_heads}, {head_dim}] or "
+                     f"[num_slots, {num_kv_heads}, {head_dim}] with num_slots a multiple of {page_size}")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What one ``plan`` fixed for the ``run`` calls (all layers) that follow it."""
+
+    kernel: str  # "decode", "decode_tc", "prefill" or "reference"
+    meta: FlashInferKvMetadata
+    qo_indptr: torch.Tensor | None
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    total_q: int
+    causal: bool
+    sm_scale: float | None
+    logits_soft_cap: float | None
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+    zero_rows: torch.Tensor | None  # int64[n] on the device: rows written as 0 / -inf after the kernel
+    wrapper: Any  # the FlashInfer wrapper planned for ``kernel``, or a planned ReferenceBackend
+
+
+class FlashInferBackend:
+    """FlashInfer's paged decode and prefill kernels behind the :class:`AttentionBackend` protocol.
+
+    ``FlashInferBackend(device)`` is the eager backend: one lazily made wrapper per kernel, shared by every forward.
+    ``use_cuda_graph=True`` with ``fixed_meta`` (and ``fixed_qo_indptr`` for a verify window) makes a graph-mode
+    backend for one captured shape; :meth:`for_decode_graph` and :meth:`for_verify_graph` build it from a pool.
+    Graph mode: call ``plan`` outside capture before capturing and before every replay; capture ``run``; a later
+    ``plan`` with another shape, dtype or option raises ValueError (build another backend). When the pool reports a
+    reallocated CSR (``consume_verify_graph_meta_realloc()``, or a decode step CSR rebuilt at a page boundary:
+    ``is_bound_to(meta)`` turns False), drop the graph and this backend with it.
+
+    ``use_tensor_cores`` (decode) None means SGLang's rule: Hq/Hkv >= 4 or FP8 KV. ``kernel_backend`` is FlashInfer's
+    ``backend`` argument ("fa2" by default: one kernel family for decode, prefill and FP8 KV, the same on every
+    GPU; None passes nothing)."""
+
+    name = "flashinfer"
+
+    def __init__(self, device: str | torch.device, *, use_cuda_graph: bool = False,
+                 fixed_meta: FlashInferKvMetadata | None = None, fixed_qo_indptr: torch.Tensor | None = None,
+                 use_tensor_cores: bool | None = None, kernel_backend: str | None = "fa2") -> None:
+        device = torch.device(device)
+        _check_cuda_device(device)
+        self.device = _canonical(device)
+        self.use_cuda_graph = bool(use_cuda_graph)
+        self.use_tensor_cores = use_tensor_cores
+        self.kernel_backend = kernel_backend
+        if self.use_cuda_graph:
+            if fixed_meta is None:
+                raise ValueError("use_cuda_graph=True needs fixed_meta: the pool's fixed-address CSR (decode: "
+                                 "pool.decode_graph_metadata(batch); verify: pool.verify_graph_metadata())")
+            _host_kv_lens(fixed_meta)  # well formed
+            for name in ("indptr", "indices", "last_page_len"):
+                if getattr(fixed_meta, name).device != self.device:
+                    raise ValueError(f"fixed_meta.{name} is on {getattr(fixed_meta, name).device}, not {self.device}")
+            if fixed_qo_indptr is not None:
+                _host_qo_indptr(fixed_qo_indptr, fixed_meta.batch_size)
+                if fixed_qo_indptr.device != self.device:
+                    raise ValueError(f"fixed_qo_indptr is on {fixed_qo_indptr.device}, not {self.device}")
+        elif fixed_meta is not None or fixed_qo_indptr is not None:
+            raise ValueError("fixed_meta / fixed_qo_indptr are CUDA-graph buffers; pass use_cuda_graph=True")
+        self.fixed_meta = fixed_meta
+        self.fixed_qo_indptr = fixed_qo_indptr
+        self._wrappers: dict[str, Any] = {}
+        self._plan: _Plan | None = None
+        self._graph_key: tuple[Any, ...] | None = None
+
+    # ------------------------------------------------------------------ graph-mode factories
+    @classmethod
+    def for_decode_graph(cls, pool: KvCachePool, batch: int, **kwargs: Any) -> FlashInferBackend:
+        """Graph-mode decode backend on the step CSR of the pool's prepared decode step (``prepare_decode_graph_step``
+        first). The CSR is bumped in place within a page and rebuilt across one: one backend per (batch, pages)."""
+        return cls(pool.device, use_cuda_graph=True, fixed_meta=pool.decode_graph_metadata(batch), **kwargs)
+
+    @classmethod
+    def for_verify_graph(cls, pool: KvCachePool, batch: int, window_len: int, **kwargs: Any) -> FlashInferBackend:
+        """Graph-mode verify backend on the pool's fixed verify CSR and ``verify_qo_indptr(batch, window_len)``
+        (``prepare_verify_graph_step`` first). Valid across page growth until the pool reallocates the CSR."""
+        return cls(pool.device, use_cuda_graph=True, fixed_meta=pool.verify_graph_metadata(),
+                   fixed_qo_indptr=pool.verify_qo_indptr(batch, window_len), **kwargs)
+
+    def is_bound_to(self, meta: FlashInferKvMetadata) -> bool:
+        """Whether ``meta`` is the CSR this graph-mode backend's wrapper reads (same tensors)."""
+        fixed = self.fixed_meta
+        return fixed is not None and all(
+            getattr(meta, n).data_ptr() == getattr(fixed, n).data_ptr()
+            and getattr(meta, n).shape == getattr(fixed, n).shape for n in ("indptr", "indices", "last_page_len"))
+
+    @property
+    def kernel(self) -> str | None:
+        """The kernel the last ``plan`` chose: "decode", "decode_tc", "prefill" or "reference" (None before)."""
+        return None if self._plan is None else self._plan.kernel
+
+    # ------------------------------------------------------------------ protocol
+    def plan(self, meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+             qo_indptr: torch.Tensor | None = None, causal: bool = True, sm_scale: float | None = None,
+             logits_soft_cap: float | None = None, q_dtype: torch.dtype = torch.float32,
+             kv_dtype: torch.dtype = torch.float32) -> None:
+        """Plan the kernel for one forward; every layer's ``run`` shares it. Decode when ``qo_indptr`` is None (one
+        query per row); otherwise ragged prefill / verify with ``qo_indptr`` ``[B+1]`` (an integer tensor; int32 is
+        used as is) and the bottom-right causal mask when ``causal``. Reads the CSR on the host: never call it
+        inside CUDA-graph capture. ValueError on a malformed CSR, a head count that is not a multiple, or (graph
+        mode) a shape other than the captured one."""
+        hq = _as_positive_int(num_qo_heads, "num_qo_heads")
+        hkv = _as_positive_int(num_kv_heads, "num_kv_heads")
+        d = _as_positive_int(head_dim, "head_dim")
+        if hq % hkv:
+            raise ValueError(f"num_qo_heads {hq} must be a multiple of num_kv_heads {hkv} (GQA)")
+        if logits_soft_cap is not None and not logits_soft_cap >= 0:
+            raise ValueError(f"logits_soft_cap must be >= 0 or None, got {logits_soft_cap!r}")
+        cap = float(logits_soft_cap) if logits_soft_cap else None
+        scale = None if sm_scale is None else float(sm_scale)
+        graph_decode = self.use_cuda_graph and self.fixed_qo_indptr is None
+        if self.use_cuda_graph and qo_indptr is None and not graph_decode:
+            qo_indptr = self.fixed_qo_indptr
+        if graph_decode and qo_indptr is not None:
+            raise ValueError("this CUDA-graph backend was built for decode (no fixed_qo_indptr): qo_indptr must be "
+                             "None")
+
+        kv_lens = _host_kv_lens(meta)
+        batch = len(kv_lens)
+        qo_host = None if qo_indptr is None else _host_qo_indptr(qo_indptr, batch)
+        if qo_indptr is not None and qo_indptr.dtype != torch.int32:
+            qo_indptr = qo_indptr.to(torch.int32)  # FlashInfer's index type is the CSR's
+        total_q = batch if qo_host is None else int(qo_host[-1])
+        blind = rows_without_keys(kv_lens, qo_host, causal)
+
+        if qo_indptr is None:
+            tensor_cores = self.use_tensor_cores
+            if tensor_cores is None:
+                tensor_cores = hq // hkv >= TENSOR_CORE_MIN_GROUP or kv_dtype in FP8_DTYPES
+            kernel = "decode_tc" if tensor_cores else "decode"
+        else:
+            kernel = "prefill"
+        if not kernel_supports(q_dtype, kv_dtype):
+            if self.use_cuda_graph:
+                raise ValueError(f"FlashInfer has no kernel for q {q_dtype} with KV {kv_dtype} (fp16/bf16 queries, "
+                                 f"KV of the same dtype or FP8); graph mode cannot fall back to the reference")
+            kernel = "reference"
+        if self.use_cuda_graph:
+            if len(blind):
+                raise ValueError(f"query rows {blind[:8].tolist()} see no key (empty rows, or windows longer than "
+                                 f"their KV); a captured graph cannot fix them up: point padding rows at a scratch "
+                                 f"slot with kv_len >= 1 as the pool's graph steps do")
+            key = (kernel, hq, hkv, d, meta.page_size, batch, total_q, bool(causal), scale, cap, q_dtype, kv_dtype)
+            if self._graph_key is not None and key != self._graph_key:
+                raise ValueError(f"this CUDA-graph backend serves (kernel, Hq, Hkv, D, page_size, batch, total_q, "
+                                 f"causal, sm_scale, soft_cap, q_dtype, kv_dtype) = {self._graph_key}; got {key}; "
+                                 f"build another backend for another shape")
+            self._graph_key = key
+
+        wrapper: Any  # the FlashInfer wrapper planned for ``kernel``, or a planned ReferenceBackend
+        if kernel in ("decode", "decode_tc"):
+            wrapper = self._wrapper(kernel)
+            wrapper.plan(meta.indptr, meta.indices, meta.last_page_len, hq, hkv, d, meta.page_size,
+                         logits_soft_cap=cap, q_data_type=q_dtype, kv_data_type=kv_dtype, sm_scale=scale)
+        elif kernel == "prefill":
+            wrapper = self._wrapper(kernel)
+            wrapper.plan(qo_indptr, meta.indptr, meta.indices, meta.last_page_len, hq, hkv, d, meta.page_size,
+                         causal=bool(causal), sm_scale=scale, logits_soft_cap=cap, q_data_type=q_dtype,
+                         kv_data_type=kv_dtype)
+        else:  # the reference, planned once per forward like a kernel
+            wrapper = self._wrappers.get(kernel)
+            if wrapper is None:
+                from .reference import ReferenceBackend
+
+                wrapper = self._wrappers[kernel] = ReferenceBackend()
+            wrapper.plan(meta, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, qo_indptr=qo_indptr, causal=causal,
+                         sm_scale=scale, logits_soft_cap=cap, q_dtype=q_dtype, kv_dtype=kv_dtype)
+        zero_rows = None
+        if len(blind) and kernel != "reference":
+            zero_rows = torch.from_numpy(blind).to(self.device)
+        self._plan = _Plan(kernel, meta, qo_indptr, hq, hkv, d, total_q, bool(causal), scale, cap, q_dtype, kv_dtype,
+                           zero_rows, wrapper)
+
+    def run(self, q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, *, k_scale: float = 1.0,
+            v_scale: float = 1.0, return_lse: bool = False) -> Any:
+        """Attention of ``q`` ``[total_q, Hq, D]`` over one layer's cache (``[num_pages, page_size, Hkv, D]`` or the
+        pool's ``[num_slots, Hkv, D]``) with the last plan. Returns ``[total_q, Hq, D]`` in q's dtype, or ``(out,
+        lse)`` with a base-2 LSE ``[total_q, Hq]``. FP8 KV: pass ``pool.k_scale``/``pool.v_scale``. No host work:
+        capturable in a CUDA graph. RuntimeError before ``plan``; ValueError on shapes or dtypes the plan does not
+        cover."""
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("FlashInferBackend.run before plan(): plan once per forward, then run per layer")
+        want = (plan.total_q, plan.num_qo_heads, plan.head_dim)
+        if not isinstance(q, torch.Tensor) or tuple(q.shape) != want:
+            raise ValueError(f"q must be [total_q, Hq, D] = {list(want)}, got {list(getattr(q, 'shape', []))}")
+        if q.dtype != plan.q_dtype:
+            raise ValueError(f"q is {q.dtype} but the plan is for {plan.q_dtype}")
+        if plan.kernel == "reference":
+            return plan.wrapper.run(q, k_layer, v_layer, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+        ps = plan.meta.page_size
+        k = _paged_view(k_layer, ps, plan.num_kv_heads, plan.head_dim, "k_layer")
+        v = _paged_view(v_layer, ps, plan.num_kv_heads, plan.head_dim, "v_layer")
+        for name, t in (("q", q), ("k_layer", k), ("v_layer", v)):
+            if t.device != self.device:
+                raise ValueError(f"{name} is on {t.device}, not {self.device}")
+        if k.dtype != plan.kv_dtype or v.dtype != plan.kv_dtype:
+            raise ValueError(f"KV is {k.dtype}/{v.dtype} but the plan is for {plan.kv_dtype}")
+        if not q.is_contiguous():
+            q = q.contiguous()
+        result = plan.wrapper.run(q, (k, v), k_scale=None if k_scale == 1.0 else float(k_scale),
+                                  v_scale=None if v_scale == 1.0 else float(v_scale), return_lse=bool(return_lse))
+        if plan.zero_rows is not None:
+            out = result[0] if return_lse else result
+            out.index_fill_(0, plan.zero_rows, 0.0)
+            if return_lse:
+                result[1].index_fill_(0, plan.zero_rows, float("-inf"))
+        return result
+
+    # ------------------------------------------------------------------ wrappers
+    def _wrapper(self, kernel: str) -> Any:
+        """The FlashInfer wrapper for ``kernel``, made on first use (graph mode: on the fixed buffers)."""
+        wrapper = self._wrappers.get(kernel)
+        if wrapper is not None:
+            return wrapper
+        fi = import_flashinfer()
+        meta = self.fixed_meta
+        kwargs: dict[str, Any]
+        if kernel == "prefill":
+            cls = fi.BatchPrefillWithPagedKVCacheWrapper
+            kwargs = {}
+            if self.use_cuda_graph:
+                assert meta is not None and self.fixed_qo_indptr is not None
+                kwargs = {"use_cuda_graph": True, "qo_indptr_buf": self.fixed_qo_indptr,
+                          "paged_kv_indptr_buf": meta.indptr, "paged_kv_indices_buf": meta.indices,
+                          "paged_kv_last_page_len_buf": meta.last_page_len}
+        else:
+            cls = fi.BatchDecodeWithPagedKVCacheWrapper
+            kwargs = {"use_tensor_cores": kernel == "decode_tc"}
+            if self.use_cuda_graph:
+                assert meta is not None
+                kwargs.update(use_cuda_graph=True, paged_kv_indptr_buffer=meta.indptr,
+                              paged_kv_indices_buffer=meta.indices, paged_kv_last_page_len_buffer=meta.last_page_len)
+        if self.kernel_backend is not None and _accepts_keyword(cls.__init__, "backend"):
+            kwargs["backend"] = self.kernel_backend
+        wrapper = cls(workspace_buffer(self.device), KV_LAYOUT, **kwargs)
+        _log.debug("FlashInfer %s wrapper on %s (%s)", kernel, self.device, kwargs.get("backend", "default"))
+        self._wrappers[kernel] = wrapper
+        return wrapper
+
+    def __repr__(self) -> str:
+        mode = "graph" if self.use_cuda_graph else "eager"
+        return f"FlashInferBackend({self.device}, {mode}, kernel={self.kernel})"

@@ -1,0 +1,365 @@
+"""Paged attention in pure PyTorch with FlashInfer's semantics, and the backend that serves it on any device.
+
+The contract (``serving_anchors.md`` section 3.4), on the same CSR a FlashInfer wrapper is planned with:
+
+- Gather order: row b reads pages ``indices[indptr[b]:indptr[b+1]]`` in order, all ``page_size`` slots of each but
+  the last, which gives ``last_page_len[b]``; ``kv_len = (pages - 1) * page_size + last_page_len`` (0 for no pages).
+- GQA: query head h uses KV head ``h // (Hq / Hkv)``.
+- Scales: ``sm_scale`` (default ``1/sqrt(D)``) times ``k_scale`` scales the logits; ``v_scale`` multiplies the output.
+  FP8 K/V is only cast (no per-token dequantisation). Soft cap: ``logits = cap * tanh(logits / cap)``, before masking.
+- Masks: decode (no ``qo_indptr``) sees all of ``kv_len``; prefill/verify with ``causal`` is bottom-right aligned:
+  query i of a row with ``qo_len`` queries sees ``kv_idx <= i + kv_len - qo_len``.
+- fp32 accumulation; the output has q's dtype; LSE is base 2 (``logsumexp(logits) * log2(e)``).
+- Defined where FlashInfer is not: a query that sees no key (an empty row, or ``qo_len > kv_len`` under causal) gives
+  output 0 and LSE ``-inf``; slots past ``kv_len`` are never read into a result, so unwritten (NaN) slots there are
+  harmless.
+
+The work runs over chunks of kv pages with an online softmax: ``plan`` lists each chunk's cache rows (one per
+slot and KV head, head-major), so ``run`` gathers a chunk with one ``index_select`` (no loop per token or page),
+casts it to fp32 and multiplies it in one batched matmul.
+The chunk is sized to stay in cache; scores held at once are ``O(B * Hq * max_qo_len * chunk)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, overload
+
+import numpy as np
+import torch
+
+from smile_llm.cache.metadata import FlashInferKvMetadata
+
+LOG2E = 1.4426950408889634
+CHUNK_BYTES = 32 << 20  # per kv chunk: its fp32 K and V plus its scores (measured best on a 2-core CPU)
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """Positions ``[first, first + num_tokens)`` (whole pages) of every row."""
+
+    rows: torch.Tensor  # int64[B * Hkv * Lc] rows of the cache viewed [num_slots * Hkv, D], head-major per batch row
+    num_tokens: int  # Lc; positions past a row's pages read page 0's slots (masked)
+    hidden: torch.Tensor | None  # bool[B, 1, 1, Qmax, Lc]: a query must not see this key; None if all visible
+    past_end: torch.Tensor | None  # bool[B, 1, Lc, 1]: slot past the row's kv_len (its V is zeroed); None if none
+
+
+@dataclass
+class AttentionPlan:
+    """What ``run`` needs besides q, K and V: gather indices and masks, built once per forward."""
+
+    batch: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    total_q: int
+    max_q: int  # longest qo_len; rows are padded to it
+    max_page: int  # largest page id listed (-1 if none)
+    sm_scale: float
+    soft_cap: float | None
+    device: torch.device
+    q_rows: torch.Tensor | None  # int64[B * Qmax] row of q for each padded query; None when the identity
+    out_rows: torch.Tensor | None  # int64[total_q] padded query of each output row; None when the identity
+    chunks: list[_Chunk]
+    workspace: dict[tuple[torch.dtype, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+
+@overload
+def paged_attention(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, meta: FlashInferKvMetadata, *,
+                    qo_indptr: Any = ..., causal: bool = ..., sm_scale: float | None = ...,
+                    logits_soft_cap: float | None = ..., k_scale: float = ..., v_scale: float = ...,
+                    return_lse: Literal[False] = ...) -> torch.Tensor: ...
+@overload
+def paged_attention(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, meta: FlashInferKvMetadata, *,
+                    qo_indptr: Any = ..., causal: bool = ..., sm_scale: float | None = ...,
+                    logits_soft_cap: float | None = ..., k_scale: float = ..., v_scale: float = ...,
+                    return_lse: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def paged_attention(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, meta: FlashInferKvMetadata, *,
+                    qo_indptr: Any = ..., causal: bool = ..., sm_scale: float | None = ...,
+                    logits_soft_cap: float | None = ..., k_scale: float = ..., v_scale: float = ...,
+                    return_lse: bool = ...) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+def paged_attention(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, meta: FlashInferKvMetadata, *,
+                    qo_indptr: Any = None, causal: bool = True, sm_scale: float | None = None,
+                    logits_soft_cap: float | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
+                    return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q`` ``[total_q, Hq, D]`` over one layer's paged K/V (``[num_pages, page_size, Hkv, D]`` or
+    ``[num_slots, Hkv, D]``) as listed by ``meta``. Decode when ``qo_indptr`` is None (one query per row);
+    otherwise ``qo_indptr`` (int ``[B+1]``, any device) gives each row's queries. Returns ``[total_q, Hq, D]`` in q's
+    dtype, or ``(out, lse)`` with ``lse`` ``float32[total_q, Hq]`` base 2. ValueError on malformed input."""
+    if not isinstance(meta, FlashInferKvMetadata):
+        raise ValueError(f"meta must be a FlashInferKvMetadata, got {type(meta).__name__}")
+    q, k, v = _check_tensors(q, k_layer, v_layer, meta.page_size)
+    plan = plan_attention(meta, num_qo_heads=q.shape[1], num_kv_heads=k.shape[2], head_dim=q.shape[2],
+                          qo_indptr=qo_indptr, causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
+                          num_pages=k.shape[0])
+    return run_attention(plan, q, k, v, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+
+
+class ReferenceBackend:
+    """The attention backend protocol over ``paged_attention``: ``plan`` once per forward (every layer shares the
+    CSR), ``run`` once per layer. ``plan`` builds the gather indices and masks, so ``run`` only gathers and computes.
+    Not thread-safe: one driver thread owns a backend."""
+
+    name = "reference"
+
+    def __init__(self) -> None:
+        self._plan: AttentionPlan | None = None
+        self._dtypes: tuple[torch.dtype, torch.dtype] = (torch.float32, torch.float32)
+
+    def plan(self, meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+             qo_indptr: torch.Tensor | None = None, causal: bool = True, sm_scale: float | None = None,
+             logits_soft_cap: float | None = None, q_dtype: torch.dtype = torch.float32,
+             kv_dtype: torch.dtype = torch.float32) -> None:
+        """Validate ``meta`` and the shapes and precompute the forward's gather; ValueError on bad input (the
+        previous plan is then dropped)."""
+        self._plan = None
+        self._plan = plan_attention(meta, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                                    qo_indptr=qo_indptr, causal=causal, sm_scale=sm_scale,
+                                    logits_soft_cap=logits_soft_cap)
+        self._dtypes = (q_dtype, kv_dtype)
+
+    @overload
+    def run(self, q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, *, k_scale: float = ...,
+            v_scale: float = ..., return_lse: Literal[False] = ...) -> torch.Tensor: ...
+    @overload
+    def run(self, q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, *, k_scale: float = ...,
+            v_scale: float = ..., return_lse: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
+    @overload
+    def run(self, q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, *, k_scale: float = ...,
+            v_scale: float = ..., return_lse: bool = ...) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+    def run(self, q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, *, k_scale: float = 1.0,
+            v_scale: float = 1.0, return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``paged_attention`` of one layer under the current plan. RuntimeError before ``plan``; ValueError if
+        the tensors do not match what was planned (shapes, ``q_dtype``/``kv_dtype``, device, page range)."""
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("ReferenceBackend.run called before plan(); plan once per forward, then run per layer")
+        q, k, v = _check_tensors(q, k_layer, v_layer, plan.page_size)
+        q_dtype, kv_dtype = self._dtypes
+        if q.dtype != q_dtype or k.dtype != kv_dtype:
+            raise ValueError(f"planned q_dtype={q_dtype}, kv_dtype={kv_dtype} but got q {q.dtype}, K/V {k.dtype}; "
+                             f"pass the real dtypes to plan()")
+        return run_attention(plan, q, k, v, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+
+
+# ---------------------------------------------------------------------------------------------------- planning
+def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
+                   qo_indptr: Any = None, causal: bool = True, sm_scale: float | None = None,
+                   logits_soft_cap: float | None = None, num_pages: int | None = None) -> AttentionPlan:
+    """The gather indices and masks of one forward. ``meta.validate(num_pages)`` plus the checks FlashInfer skips
+    (head counts, ``qo_indptr``); ValueError on any of them."""
+    if not isinstance(meta, FlashInferKvMetadata):
+        raise ValueError(f"meta must be a FlashInferKvMetadata, got {type(meta).__name__}")
+    for name, n in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+        if not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads} (GQA maps "
+                         f"query head h to KV head h // (Hq / Hkv))")
+    meta.validate(num_pages)
+    ps = meta.page_size
+    indptr = meta.indptr.cpu().numpy().astype(np.int64)  # [B+1]
+    kv_lens = meta.kv_lens()  # int64[B]
+    batch = len(kv_lens)
+    q_lens = np.ones(batch, dtype=np.int64) if qo_indptr is None else _qo_lens(qo_indptr, batch)
+    total_q, max_q = int(q_lens.sum()), int(q_lens.max(initial=0))
+    device = meta.indptr.device
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else _real(sm_scale, "sm_scale")
+    cap = None if logits_soft_cap is None else _real(logits_soft_cap, "logits_soft_cap")
+    if cap is not None and cap < 0:
+        raise ValueError(f"logits_soft_cap must be positive (or None / 0 for no cap), got {cap}")
+
+    num_row_pages = np.diff(indptr)  # [B]
+    max_pages = int(num_row_pages.max(initial=0))
+    used = meta.indices[: int(indptr[-1])].cpu().numpy().astype(np.int64)
+    table = np.zeros((batch, max_pages), dtype=np.int64)  # [B, Pmax]; pads read page 0 and are masked
+    table[np.arange(max_pages) < num_row_pages[:, None]] = used  # row-major, so CSR order
+
+    # Last kv position each padded query may see (query i of row b): bottom-right causal, or the whole row.
+    qi = np.arange(max_q)
+    limit = np.broadcast_to((kv_lens - 1)[:, None], (batch, max_q)).copy()  # [B, Qmax]
+    if causal and qo_indptr is not None:
+        aligned = qi[None, :] + (kv_lens - q_lens)[:, None]
+        limit = np.where(qi[None, :] < q_lens[:, None], aligned, limit)  # padded queries: the whole row (dropped)
+
+    pages_per_chunk = _pages_per_chunk(batch, ps, num_kv_heads, head_dim, num_qo_heads * max_q, max_pages)
+    limit_t = torch.from_numpy(limit)
+    lens_t = torch.from_numpy(kv_lens)
+    chunks = []
+    for first in range(0, max_pages, pages_per_chunk):
+        last = min(first + pages_per_chunk, max_pages)
+        pos = torch.arange(first * ps, last * ps)  # [Lc]
+        hidden = past_end = None
+        if max_q and int(limit.min()) < last * ps - 1:
+            hidden = (pos > limit_t[:, :, None]).view(batch, 1, 1, max_q, -1).to(device)
+        if batch and int(kv_lens.min()) < last * ps:
+            past_end = (pos >= lens_t[:, None]).view(batch, 1, -1, 1).to(device)
+        slots = (table[:, first:last, None] * ps + np.arange(ps)).reshape(batch, 1, -1)  # [B, 1, Lc]
+        rows = (slots * num_kv_heads + np.arange(num_kv_heads)[:, None]).reshape(-1)  # [B * Hkv * Lc]
+        chunks.append(_Chunk(torch.from_numpy(rows).to(device), (last - first) * ps, hidden, past_end))
+
+    q_rows = out_rows = None
+    if max_q != 1 or total_q != batch:  # not plain decode: pad every row to Qmax queries
+        starts = np.concatenate([[0], np.cumsum(q_lens)[:-1]]) if batch else np.zeros(0, dtype=np.int64)
+        valid = qi[None, :] < q_lens[:, None]  # [B, Qmax]
+        q_rows = torch.from_numpy(np.where(valid, starts[:, None] + qi[None, :], 0).reshape(-1)).to(device)
+        out_rows = torch.from_numpy(np.flatnonzero(valid.reshape(-1))).to(device)
+    return AttentionPlan(batch, num_qo_heads, num_kv_heads, head_dim, ps, total_q, max_q,
+                         int(used.max(initial=-1)), scale, cap or None, device, q_rows, out_rows, chunks)
+
+
+def _qo_lens(qo_indptr: Any, batch: int) -> np.ndarray:
+    """``qo_len`` of every row (int64[B]) from a ``[B+1]`` integer indptr; ValueError unless consistent."""
+    arr = qo_indptr.detach().cpu().numpy() if isinstance(qo_indptr, torch.Tensor) else np.asarray(qo_indptr)
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+        raise ValueError(f"qo_indptr must be a 1-D integer tensor [B+1], got {arr.dtype} {tuple(arr.shape)}")
+    arr = arr.astype(np.int64)
+    if len(arr) != batch + 1:
+        raise ValueError(f"qo_indptr has {len(arr)} entries for {batch} KV rows; it needs B + 1 = {batch + 1}")
+    if arr[0] != 0 or (np.diff(arr) < 0).any():
+        raise ValueError(f"qo_indptr must start at 0 and never decrease, got {arr.tolist()}")
+    return np.diff(arr)
+
+
+def _real(x: Any, name: str) -> float:
+    try:
+        value = float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number, got {x!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
+def _pages_per_chunk(batch: int, ps: int, hkv: int, d: int, q_rows: int, max_pages: int) -> int:
+    per_page = max(1, batch * ps * 4 * (2 * hkv * d + q_rows))  # fp32 K and V of a page, and its scores
+    return max(1, min(max_pages, CHUNK_BYTES // per_page))
+
+
+# ---------------------------------------------------------------------------------------------------- running
+def _check_tensors(q: Any, k: Any, v: Any, page_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, k, v)`` with K/V as 4-D NHD pages; ValueError on bad shapes, dtypes or devices."""
+    if not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        raise ValueError(f"q, k_layer and v_layer must be torch.Tensor, got "
+                         f"{type(q).__name__}, {type(k).__name__}, {type(v).__name__}")
+    if q.dim() != 3:
+        raise ValueError(f"q must be [total_q, Hq, D], got shape {tuple(q.shape)}")
+    if k.shape != v.shape or k.dtype != v.dtype:
+        raise ValueError(f"k_layer and v_layer must match, got {tuple(k.shape)} {k.dtype} and "
+                         f"{tuple(v.shape)} {v.dtype}")
+    if not (q.dtype.is_floating_point and k.dtype.is_floating_point):
+        raise ValueError(f"q and K/V must be floating point, got {q.dtype} and {k.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k_layer and v_layer must share a device, got {q.device}, {k.device}, {v.device}")
+    if k.dim() == 3:
+        if page_size < 1 or k.shape[0] % page_size:
+            raise ValueError(f"a [num_slots, Hkv, D] cache needs num_slots a multiple of page_size={page_size}, "
+                             f"got {tuple(k.shape)}")
+        k, v = k.unflatten(0, (-1, page_size)), v.unflatten(0, (-1, page_size))
+    elif k.dim() != 4 or k.shape[1] != page_size:
+        raise ValueError(f"k_layer/v_layer must be [num_pages, page_size={page_size}, Hkv, D] (NHD) or "
+                         f"[num_slots, Hkv, D], got {tuple(k.shape)}")
+    if k.shape[3] != q.shape[2]:
+        raise ValueError(f"head dims differ: q has D={q.shape[2]}, K/V have D={k.shape[3]}")
+    if k.shape[2] < 1 or q.shape[1] % k.shape[2]:
+        raise ValueError(f"Hq={q.shape[1]} is not a multiple of Hkv={k.shape[2]}")
+    return q, k, v
+
+
+def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, k_scale: float = 1.0,
+                  v_scale: float = 1.0, return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """One layer under ``plan``; ``k``/``v`` 4-D NHD pages (see ``_check_tensors``)."""
+    b, hq, hkv, d, qmax = plan.batch, plan.num_qo_heads, plan.num_kv_heads, plan.head_dim, plan.max_q
+    if q.shape[0] != plan.total_q:
+        how = "qo_indptr[-1]" if plan.q_rows is not None else "B (decode: one query per row; pass qo_indptr otherwise)"
+        raise ValueError(f"q has {q.shape[0]} query rows but {how} is {plan.total_q}")
+    if tuple(q.shape[1:]) != (hq, d) or tuple(k.shape[2:]) != (hkv, d):
+        raise ValueError(f"planned q heads [{hq}, {d}] and K/V heads [{hkv}, {d}], got q {tuple(q.shape)} and "
+                         f"K/V {tuple(k.shape)}")
+    if plan.max_page >= k.shape[0]:
+        raise ValueError(f"meta lists page {plan.max_page}, outside the cache's {k.shape[0]} pages")
+    if k.device != plan.device:
+        raise ValueError(f"K/V on {k.device} but meta on {plan.device}; keep them on one device")
+    g = hq // hkv
+    cap = plan.soft_cap
+    scale = plan.sm_scale * _real(k_scale, "k_scale") / (cap if cap else 1.0)
+    qp = q if plan.q_rows is None else q.index_select(0, plan.q_rows)  # [B*Qmax, Hq, D]
+    qh = torch.empty(b, hkv, g, qmax, d, device=plan.device)  # fp32, pre-scaled, queries grouped by KV head
+    torch.mul(qp.reshape(b, qmax, hkv, g, d).permute(0, 2, 3, 1, 4), scale, out=qh)
+    qh = qh.view(b, hkv, g * qmax, d)
+
+    m = torch.full((b, hkv, g * qmax, 1), -math.inf, device=plan.device)  # running max of the logits
+    den = torch.zeros_like(m)  # running sum of exp(logit - max)
+    acc = torch.zeros(b, hkv, g * qmax, d, device=plan.device)  # running sum of exp(logit - max) * v
+    k_rows, v_rows = _rows_view(k), _rows_view(v)
+    k_buf, v_buf = _workspace(plan, k.dtype, 0), _workspace(plan, v.dtype, 1)
+    for c in plan.chunks:
+        lc = c.num_tokens
+        kc = _gather(k, k_rows, c.rows, k_buf).view(b, hkv, lc, d)  # fp32
+        vc = _gather(v, v_rows, c.rows, v_buf).view(b, hkv, lc, d)
+        if c.past_end is not None:
+            vc.masked_fill_(c.past_end, 0.0)  # unwritten slots may hold NaN; p = 0 there must stay 0
+        s = torch.matmul(qh, kc.transpose(-1, -2))  # [B, Hkv, G*Qmax, Lc]
+        if cap:
+            s.tanh_().mul_(cap)
+        if c.hidden is not None:
+            s.view(b, hkv, g, qmax, lc).masked_fill_(c.hidden, -math.inf)
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        shift = m_new.masked_fill(m_new == -math.inf, 0.0)  # rows that saw nothing yet stay at p = 0
+        s.sub_(shift).exp_()
+        alpha = (m - shift).exp_()
+        den.mul_(alpha).add_(s.sum(-1, keepdim=True))
+        acc.mul_(alpha).add_(torch.matmul(s, vc))
+        m = m_new
+
+    blind = den == 0  # queries that saw no key: output 0, LSE -inf (NaN from NaN data still propagates)
+    out = torch.where(blind, 0.0, acc / den.masked_fill(blind, 1.0)) * _real(v_scale, "v_scale")
+    out = out.view(b, hkv, g, qmax, d).permute(0, 3, 1, 2, 4).reshape(b * qmax, hq, d)
+    if plan.out_rows is not None:
+        out = out.index_select(0, plan.out_rows)
+    out = out.to(q.dtype)  # [total_q, Hq, D]
+    if not return_lse:
+        return out
+    lse = ((m + den.log()) * LOG2E).view(b, hkv, g, qmax).permute(0, 3, 1, 2).reshape(b * qmax, hq)
+    if plan.out_rows is not None:
+        lse = lse.index_select(0, plan.out_rows)
+    return out, lse.contiguous()  # lse: float32[total_q, Hq], base 2
+
+
+def _rows_view(cache: torch.Tensor) -> torch.Tensor | None:
+    """The NHD cache as ``[num_slots * Hkv, D]`` rows, or None if its strides allow no such view."""
+    try:
+        return cache.view(-1, cache.shape[-1])
+    except RuntimeError:
+        return None
+
+
+def _workspace(plan: AttentionPlan, dtype: torch.dtype, which: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat ``(raw, fp32)`` gather buffers of K (``which`` 0) or V (1) for the largest chunk, kept on the plan
+    across layers."""
+    ws = plan.workspace.get((dtype, which))
+    if ws is None:
+        n = plan.batch * max((c.num_tokens for c in plan.chunks), default=0) * plan.num_kv_heads * plan.head_dim
+        raw = torch.empty(n if dtype != torch.float32 else 0, dtype=dtype, device=plan.device)
+        ws = raw, torch.empty(n, dtype=torch.float32, device=plan.device)
+        plan.workspace[(dtype, which)] = ws
+    return ws
+
+
+def _gather(cache: torch.Tensor, cache_rows: torch.Tensor | None, rows: torch.Tensor,
+            buf: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rows ``rows`` (slot * Hkv + head) of the NHD ``cache`` as fp32 ``[len(rows), D]`` in the workspace: one
+    ``index_select`` (plus a cast unless fp32); an advanced index when the cache's strides allow no row view."""
+    raw, f32 = buf
+    d = cache.shape[3]
+    n = rows.shape[0] * d
+    out = f32[:n].view(-1, d)
+    if cache_rows is None:
+        slot, head = rows.div(cache.shape[2], rounding_mode="floor"), rows.remainder(cache.shape[2])
+        return out.copy_(cache[slot.div(cache.shape[1], rounding_mode="floor"), slot.remainder(cache.shape[1]), head])
+    if cache_rows.dtype == torch.float32:
+        return torch.index_select(cache_rows, 0, rows, out=out)
+    return out.copy_(torch.index_select(cache_rows, 0, rows, out=raw[:n].view(-1, d)))
