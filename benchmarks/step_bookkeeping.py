@@ -32,7 +32,7 @@ PAGE = 16
 
 
 def make_pool(batch: int, ctx: int, steps: int) -> tuple[KvCachePool, list[int]]:
-    capacity = ctx + 2 * steps + 32
+    capacity = ctx + 5 * steps + 32  # room for a verify window of 4 tokens per step
     pool = KvCachePool(1, batch * capacity, 1, 8, PAGE)
     pool.prefix_reuse_enabled = False
     ids = [pool.bind_request([1], capacity) for _ in range(batch)]

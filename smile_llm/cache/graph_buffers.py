@@ -65,6 +65,9 @@ class VerifyGraphBuffers:
         self.meta: FlashInferKvMetadata | None = None
         self.meta_capacity_pages = 0
         self.realloc = False
+        self._written_for: ActiveStep | None = None  # the step and page counts the CSR holds (for partial rewrites)
+        self._num_pages: np.ndarray | None = None
+        self._indptr = np.zeros(1, dtype=np.int32)
         self.index: torch.Tensor | None = None  # int64[B*W]
         self.prepared_for: ActiveStep | None = None
         self.starts: np.ndarray | None = None
@@ -82,10 +85,24 @@ class VerifyGraphBuffers:
                                         torch.zeros(step.batch, dtype=torch.int32, device=self.device),
                                         self.page_size)
             self.meta, self.meta_capacity_pages, self.realloc = meta, capacity_pages, True
-        indptr, indices, last = csr_arrays(step.page_table, lengths, self.page_size)
-        _copy_in(meta.indptr, indptr)
-        _copy_in(meta.indices, indices)
+            self._written_for = None  # fresh zeros: everything must be written
+        num_pages = -(-lengths // self.page_size)
+        last = np.where(lengths > 0, (lengths - 1) % self.page_size + 1, 0).astype(np.int32)
+        same_rows = self._written_for is step and self._num_pages is not None
+        if same_rows and np.array_equal(num_pages, self._num_pages):
+            _copy_in(meta.last_page_len, last)  # only the last pages' fill changed: O(B)
+            return meta
+        first = 0  # rows before the first whose page count changed keep their indices
+        if same_rows:
+            assert self._num_pages is not None
+            first = int(np.argmax(num_pages != self._num_pages))
+        indptr, indices, _ = csr_arrays(step.page_table32[first:], lengths[first:], self.page_size)
+        offset = int(self._indptr[first]) if first else 0
+        _copy_in(meta.indptr[first:], indptr + offset)
+        meta.indices[offset : offset + len(indices)].copy_(torch.from_numpy(indices))
         _copy_in(meta.last_page_len, last)
+        self._written_for, self._num_pages = step, num_pages
+        self._indptr = np.concatenate([self._indptr[:first], indptr + offset]) if first else indptr
         return meta
 
     def write_index(self, step: ActiveStep, starts: np.ndarray, window: int) -> None:

@@ -448,7 +448,7 @@ class KvCachePool:
         """A caller-owned CSR of the active rows at ``lengths`` (an int for every row, or one per row; 0 gives an
         empty row with ``last_page_len`` 0), each at most the row's capacity (ValueError beyond)."""
         step = self._require_step()
-        return build_csr(step.page_table, step.lengths(lengths, "lengths"), self._page_size, self._device)
+        return build_csr(step.page_table32, step.lengths(lengths, "lengths"), self._page_size, self._device)
 
     @_locked
     def shared_flashinfer_metadata(self, lengths: Any) -> FlashInferKvMetadata:
@@ -456,7 +456,7 @@ class KvCachePool:
         unchanged, bumped in place (same tensors, only ``last_page_len`` rewritten) when every row keeps its page
         count, rebuilt otherwise."""
         step = self._require_step()
-        return step.csr.get(step.page_table, step.lengths(lengths, "lengths"))[0]
+        return step.csr.get(step.page_table32, step.lengths(lengths, "lengths"))[0]
 
     @_locked
     def clear_step_metadata(self) -> None:
@@ -485,11 +485,13 @@ class KvCachePool:
         return self._seal(step, sealed)
 
     def _seal(self, step: ActiveStep, sealed: np.ndarray) -> bool:
+        """Lower kv_len; bump the step CSR in place when every row keeps its page count, else drop it (the next
+        shared_flashinfer_metadata builds it for the lengths then asked: no work spent on a CSR nobody reads)."""
         step.lower_kv_len(self._table.kv_len, sealed)
-        if not sealed.any():
-            step.csr.clear()
-            return False
-        return step.csr.get(step.page_table, sealed)[1] != "rebuild"
+        if sealed.any() and step.csr.try_bump(sealed):
+            return True
+        step.csr.clear()
+        return False
 
     @_locked
     def truncate_to(self, sealed_len: Any, written_end: Any) -> bool:
@@ -572,7 +574,7 @@ class KvCachePool:
         write of those positions (a replayed graph never calls put). Returns the step CSR."""
         step = self._require_step()
         lengths, starts = self._window_starts(step, cache_len, positions, 1, "prepare_decode_graph_step")
-        meta, _ = step.csr.get(step.page_table, lengths)
+        meta, _ = step.csr.get(step.page_table32, lengths)
         self._decode.point_at(step, starts, step.slots(starts, 1), scratch=False)
         step.advance_kv_len(self._table.kv_len, starts, 1)
         return meta
@@ -609,7 +611,7 @@ class KvCachePool:
         pf = self._prefetch
         pf.saved_meta, pf.saved_lengths, pf.saved_step = step.csr.meta, step.csr.lengths, step
         lengths = np.full(step.batch, cache_len, dtype=np.int64)
-        pf.meta = build_csr(step.page_table, lengths, self._page_size, self._device)
+        pf.meta = build_csr(step.page_table32, lengths, self._page_size, self._device)
         step.csr.install(pf.meta, lengths)
         slot = int(scratch[cache_pos // self._page_size]) * self._page_size + cache_pos % self._page_size
         self._decode.point_at(step, np.full(step.batch, cache_pos, dtype=np.int64),
@@ -666,7 +668,7 @@ class KvCachePool:
         step = self._require_step()
         window = as_int(window_len, "window_len", minimum=1)
         lengths, starts = self._window_starts(step, cache_lens, start_positions, window, "prepare_verify_step")
-        meta, _ = step.csr.get(step.page_table, lengths)
+        meta, _ = step.csr.get(step.page_table32, lengths)
         self._verify.write_index(step, starts, window)
         return meta
 

@@ -56,6 +56,7 @@ class ActiveStep:
         for i, b in enumerate(bindings):
             table[i, : len(b.page_ids)] = b.page_ids
         self.page_table = table  # int64[B, max_pages], host
+        self.page_table32 = table.astype(np.int32)  # the same, as CSR builders copy it (FlashInfer's int32)
         self._page_offsets = np.arange(page_size, dtype=np.int64)
         last_pages = table[np.arange(self.batch), self.capacity // page_size - 1]
         self._last_slot = last_pages * page_size + page_size - 1  # int64[B], each row's last slot

@@ -214,7 +214,8 @@ def test_ragged_truncate_zeroes_each_row_tail() -> None:
     k, _ = pool.get(0, 12)
     assert k[0, :, 0, 0].tolist() == [1.0] * 9 + [0.0] * 3 and k[1, :, 0, 0].tolist() == [1.0] * 11 + [0.0]
     assert [pool.kv_len(i) for i in ids] == [9, 11]
-    assert pool.current_step_metadata().last_page_len.tolist() == [9, 11]
+    assert pool.current_step_metadata() is None  # dropped, not rebuilt: the next forward asks for what it needs
+    assert pool.shared_flashinfer_metadata([9, 11]).last_page_len.tolist() == [9, 11]
 
 
 def test_decode_graph_step_writes_through_the_fixed_index_and_bumps_in_place() -> None:
@@ -391,3 +392,27 @@ def test_metadata_validate_catches_what_flashinfer_does_not() -> None:
             meta.validate(4)
     with pytest.raises(ValueError, match="outside the pool's 3 pages"):
         good.validate(num_pages=3)
+
+
+def test_verify_csr_partial_rewrites_match_a_fresh_build() -> None:
+    # The fixed verify CSR rewrites only from the first row whose page count changed; over many ragged rounds it
+    # must always equal a CSR built from scratch, and never move.
+    rng = np.random.default_rng(0)
+    pool = pool16(16 * 64 * 5)
+    ids = [pool.bind_request([1], 16 * 60) for _ in range(5)]
+    pool.activate_step(*ids)
+    starts = rng.integers(0, 40, size=5)
+    pool.put(0, 0, ones(5, 40), ones(5, 40))
+    addresses = None
+    for _ in range(120):
+        window = int(rng.integers(1, 6))
+        meta = pool.prepare_verify_graph_step(starts + window, starts, window)
+        fresh = pool.build_flashinfer_metadata(starts + window)
+        n = int(fresh.indptr[-1])
+        assert meta.indptr.tolist() == fresh.indptr.tolist()
+        assert meta.indices[:n].tolist() == fresh.indices.tolist()
+        assert meta.last_page_len.tolist() == fresh.last_page_len.tolist()
+        addresses = addresses or ptrs(meta)
+        assert ptrs(meta) == addresses
+        starts = starts + rng.integers(1, window + 1, size=5)  # each row accepts its own number of tokens
+    assert pool.consume_verify_graph_meta_realloc() is True and pool.consume_verify_graph_meta_realloc() is False
