@@ -25,9 +25,11 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/cache_trace.py
 	$(PY) benchmarks/put_get_throughput.py
+	$(PY) benchmarks/step_bookkeeping.py
+	$(PY) benchmarks/reference_attention.py
 
 typecheck: $(STAMP)
-	$(PY) -m mypy smile_llm/cache
+	$(PY) -m mypy smile_llm/cache smile_llm/attention
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache
