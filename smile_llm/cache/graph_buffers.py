@@ -9,11 +9,19 @@ by the same rule that fills them (pages for the CSR, tokens for write indices), 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import torch
 
-from .metadata import FlashInferKvMetadata, csr_arrays
+from .checks import as_int
+from .errors import KvCacheExhaustedError
+from .metadata import FlashInferKvMetadata, build_csr, csr_arrays
+from .pages import PageOwner, page_slots
 from .step import ActiveStep
+
+if TYPE_CHECKING:
+    from .binder import Binder
 
 
 def _copy_in(dst: torch.Tensor, src: np.ndarray) -> None:
@@ -40,6 +48,14 @@ class DecodeGraphBuffers:
 
     def forget(self) -> None:
         self.prepared_for, self.positions, self.scratch = None, None, False
+
+    def prepare(self, step: ActiveStep, kv_len: np.ndarray, cache_len: Any, positions: Any) -> FlashInferKvMetadata:
+        """Step CSR for ``cache_len`` and the write index of ``positions``; counts as a write of them."""
+        lengths, starts = step.window_lengths(cache_len, positions, 1, "prepare_decode_graph_step")
+        meta, _ = step.csr.get(step.page_table32, lengths)
+        self.point_at(step, starts, step.slots(starts, 1), scratch=False)
+        step.advance_kv_len(kv_len, starts, 1)
+        return meta
 
     def index_for(self, step: ActiveStep, start: np.ndarray) -> torch.Tensor:
         """The prepared index for a one-token put at ``start``. RuntimeError if not prepared for this step,
@@ -88,14 +104,11 @@ class VerifyGraphBuffers:
             self._written_for = None  # fresh zeros: everything must be written
         num_pages = -(-lengths // self.page_size)
         last = np.where(lengths > 0, (lengths - 1) % self.page_size + 1, 0).astype(np.int32)
-        same_rows = self._written_for is step and self._num_pages is not None
-        if same_rows and np.array_equal(num_pages, self._num_pages):
+        written = self._num_pages if self._written_for is step else None  # page counts the CSR holds now
+        if written is not None and np.array_equal(num_pages, written):
             _copy_in(meta.last_page_len, last)  # only the last pages' fill changed: O(B)
             return meta
-        first = 0  # rows before the first whose page count changed keep their indices
-        if same_rows:
-            assert self._num_pages is not None
-            first = int(np.argmax(num_pages != self._num_pages))
+        first = 0 if written is None else int(np.argmax(num_pages != written))  # earlier rows keep their indices
         indptr, indices, _ = csr_arrays(step.page_table32[first:], lengths[first:], self.page_size)
         offset = int(self._indptr[first]) if first else 0
         _copy_in(meta.indptr[first:], indptr + offset)
@@ -121,6 +134,19 @@ class VerifyGraphBuffers:
                              f"{self.starts.tolist()}")
         return self.index
 
+    def prepare(self, step: ActiveStep, kv_len: np.ndarray, cache_lens: Any, start_positions: Any, window_len: Any,
+                graph: bool) -> FlashInferKvMetadata:
+        """The write index of the windows plus, for a graph, the fixed verify CSR (and the windows count as
+        written), or, eagerly, the step CSR (the puts that follow write them)."""
+        window = as_int(window_len, "window_len", minimum=1)
+        what = "prepare_verify_graph_step" if graph else "prepare_verify_step"
+        lengths, starts = step.window_lengths(cache_lens, start_positions, window, what)
+        meta = self.write_csr(step, lengths) if graph else step.csr.get(step.page_table32, lengths)[0]
+        self.write_index(step, starts, window)
+        if graph:
+            step.advance_kv_len(kv_len, starts, window)
+        return meta
+
     def qo_indptr(self, batch: int, window: int) -> torch.Tensor:
         key = (batch, window)
         t = self._qo_indptr.get(key)
@@ -144,3 +170,43 @@ class PrefetchState:
         self.saved_lengths: np.ndarray | None = None
         self.saved_step: ActiveStep | None = None
         self.meta: FlashInferKvMetadata | None = None
+
+    def begin(self, step: ActiveStep, decode: DecodeGraphBuffers, binder: Binder, cache_len: Any, cache_pos: Any,
+              batch: Any) -> FlashInferKvMetadata:
+        if batch != step.batch:
+            raise ValueError(f"prefetch for batch {batch} but the active step has {step.batch} rows")
+        if self.active:
+            raise RuntimeError("a prefetch is already in progress; end_prefetch_decode_graph_step first")
+        cache_len = as_int(cache_len, "cache_len", minimum=1, maximum=step.min_capacity)
+        cache_pos = as_int(cache_pos, "cache_pos", minimum=0, maximum=cache_len - 1)
+        ps = step.page_size
+        need = -(-cache_len // ps) - len(self.scratch_pages)
+        if need > 0:
+            if need > binder.available_pages():
+                raise KvCacheExhaustedError(f"prefetch needs {need} more scratch pages, have "
+                                            f"{binder.available_pages()} free or evictable")
+            added = binder.take(need, PageOwner.SCRATCH)
+            binder.kv.zero_slots(page_slots(added, ps))  # scratch never holds NaN
+            self.scratch_pages = np.concatenate([self.scratch_pages, added])
+        self.saved_meta, self.saved_lengths, self.saved_step = step.csr.meta, step.csr.lengths, step
+        lengths = np.full(step.batch, cache_len, dtype=np.int64)
+        self.meta = build_csr(step.page_table32, lengths, ps, step.device)
+        step.csr.install(self.meta, lengths)
+        slot = int(self.scratch_pages[cache_pos // ps]) * ps + cache_pos % ps
+        decode.point_at(step, np.full(step.batch, cache_pos, dtype=np.int64), np.full(step.batch, slot, np.int64),
+                        scratch=True)
+        self.active = True
+        return self.meta
+
+    def end(self, step: ActiveStep | None, decode: DecodeGraphBuffers) -> FlashInferKvMetadata:
+        meta = self.meta
+        if not self.active or meta is None:
+            raise RuntimeError("no prefetch in progress; call begin_prefetch_decode_graph_step first")
+        if step is not None and step is self.saved_step:
+            if self.saved_meta is not None and self.saved_lengths is not None:
+                step.csr.install(self.saved_meta, self.saved_lengths)
+            else:
+                step.csr.clear()
+        decode.forget()
+        self.meta, self.active, self.saved_meta, self.saved_lengths, self.saved_step = None, False, None, None, None
+        return meta

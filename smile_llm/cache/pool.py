@@ -29,7 +29,7 @@ from .errors import KvCacheExhaustedError, NoActiveStepError, PoolClosedError, R
 from .kv_store import FILL_MODES, FP8_DTYPES, KvStore
 from .layout import ceil_page, floor_page
 from .offload import OffloadedKv
-from .pages import PageAllocator, PageOwner, page_slots
+from .pages import PageAllocator, PageOwner
 from .radix import RadixCache
 from .step import ActiveStep
 from .tokens import EMPTY, as_int_array
@@ -470,66 +470,30 @@ class KvCachePool:
         return self._step.csr.meta if self._step is not None else None
 
     # ------------------------------------------------------------------ speculative seal and truncate (API.md 3.4)
-    # Regions of a row after a verify window wrote [start, written_end) and the drafts were judged:
-    #   [0, matched_len)            tree-owned prefix: never written, never zeroed
-    #   [matched_len, sealed_len)   accepted KV, the row's own; attention sees [0, sealed_len)
-    #   [sealed_len, written_end)   rejected drafts' KV: nobody's; invisible, zeroed only with zero_rejected_kv,
-    #                               overwritten by the next window; kv_len never covers it, so never inserted
+    # (the region table of a row after a verify window is in smile_llm/cache/step.py, above ActiveStep.seal)
     @_locked
     def seal_length(self, sealed_len: Any) -> bool:
         """Attention sees only ``[0, sealed_len)`` of each active row from now on (an int or one per row); frees
-        nothing and lowers ``kv_len`` to at most ``sealed_len``. True when the step CSR was kept or bumped in place
-        (tensor addresses survive), False when it was rebuilt or dropped (drop graphs keyed to it)."""
+        nothing and lowers ``kv_len`` to at most ``sealed_len`` (never below the matched prefix). True when the step
+        CSR was kept or bumped in place (tensor addresses survive), False when it was dropped: the next
+        ``shared_flashinfer_metadata`` builds a new one, so drop graphs keyed to the old."""
         step = self._require_step()
-        sealed = step.lengths(sealed_len, "sealed_len")
-        return self._seal(step, sealed)
-
-    def _seal(self, step: ActiveStep, sealed: np.ndarray) -> bool:
-        """Lower kv_len; bump the step CSR in place when every row keeps its page count, else drop it (the next
-        shared_flashinfer_metadata builds it for the lengths then asked: no work spent on a CSR nobody reads)."""
-        step.lower_kv_len(self._table.kv_len, sealed)
-        if sealed.any() and step.csr.try_bump(sealed):
-            return True
-        step.csr.clear()
-        return False
+        return step.seal(self._table.kv_len, step.lengths(sealed_len, "sealed_len"))
 
     @_locked
     def truncate_to(self, sealed_len: Any, written_end: Any) -> bool:
         """After a verify window wrote up to ``written_end``, seal to ``sealed_len``; with ``zero_rejected_kv``
         zero ``[sealed_len, written_end)`` first. ValueError if ``written_end < sealed_len``, if it exceeds a row's
         capacity, or if zeroing would reach below a row's matched prefix. Returns what ``seal_length`` returns."""
-        step = self._require_step()
-        sealed = step.lengths(sealed_len, "sealed_len")
-        written = step.lengths(written_end, "written_end")
-        if (written < sealed).any():
-            raise ValueError(f"writtenEnd must be >= sealedLen: written_end {written.tolist()}, sealed_len "
-                             f"{sealed.tolist()}")
-        if self._zero_rejected_kv:
-            self._check_not_below_prefix(step, sealed, written, "truncate_to zeroing")
-            self._kv.zero_slots(step.range_slots(sealed, written))
-        return self._seal(step, sealed)
+        return self._require_step().truncate(self._kv, self._table.kv_len, sealed_len, written_end,
+                                             self._zero_rejected_kv)
 
     @_locked
     def invalidate_range(self, from_pos: Any, end_pos: Any) -> None:
         """Zero K and V of positions ``[from_pos, end_pos)`` (ints or one per row) on every layer of the active
         rows, always through fresh indices (never the graph buffers); lowers ``kv_len`` to at most ``from_pos``.
         ValueError for a negative or reversed range, one past a row's capacity, or one below its matched prefix."""
-        step = self._require_step()
-        start = step.lengths(from_pos, "from_pos")
-        end = step.lengths(end_pos, "end_pos")
-        if (end < start).any():
-            raise ValueError(f"invalidate_range needs from_pos <= end_pos, got {start.tolist()} and {end.tolist()}")
-        self._check_not_below_prefix(step, start, end, "invalidate_range")
-        self._kv.zero_slots(step.range_slots(start, end))
-        step.lower_kv_len(self._table.kv_len, np.where(end > start, start, self._table.kv_len[step.rows]))
-
-    @staticmethod
-    def _check_not_below_prefix(step: ActiveStep, start: np.ndarray, end: np.ndarray, what: str) -> None:
-        below = (end > start) & (start < step.matched)
-        if below.any():
-            b = int(np.argmax(below))
-            raise ValueError(f"{what} of row {b} from {int(start[b])} reaches below its matched prefix "
-                             f"({int(step.matched[b])} tokens, owned by the prefix tree)")
+        self._require_step().invalidate(self._kv, self._table.kv_len, from_pos, end_pos)
 
     # ------------------------------------------------------------------ CUDA-graph fixed buffers (API.md 3.5)
     def num_pages_for_length(self, length: int) -> int:
@@ -556,28 +520,12 @@ class KvCachePool:
                                   doc="Set only during an MTP verify forward: small windows may take the paged "
                                       "verify kernel eagerly.")
 
-    def _window_starts(self, step: ActiveStep, cache_len: Any, start_pos: Any, window: int,
-                       what: str) -> tuple[np.ndarray, np.ndarray]:
-        """Validated ``(cache_lens, starts)`` of a write window of ``window`` tokens ending at ``cache_len``."""
-        starts = step.window(start_pos, window, what)
-        lengths = step.lengths(cache_len, "cache_len")
-        if not np.array_equal(lengths, starts + window):
-            raise ValueError(f"{what}: cache_len {lengths.tolist()} must equal start positions {starts.tolist()} + "
-                             f"window {window} for every row")
-        self._check_not_below_prefix(step, starts, starts + window, what)
-        return lengths, starts
-
     @_locked
     def prepare_decode_graph_step(self, cache_len: Any, positions: Any) -> FlashInferKvMetadata:
         """Prepare a decode step writing position ``positions[b]`` of each row (``cache_len == position + 1``):
         the step CSR for ``cache_len`` (reuse / bump / rebuild) and the fixed ``[B]`` write index. Counts as a
         write of those positions (a replayed graph never calls put). Returns the step CSR."""
-        step = self._require_step()
-        lengths, starts = self._window_starts(step, cache_len, positions, 1, "prepare_decode_graph_step")
-        meta, _ = step.csr.get(step.page_table32, lengths)
-        self._decode.point_at(step, starts, step.slots(starts, 1), scratch=False)
-        step.advance_kv_len(self._table.kv_len, starts, 1)
-        return meta
+        return self._decode.prepare(self._require_step(), self._table.kv_len, cache_len, positions)
 
     @_locked
     def decode_graph_metadata(self, batch: int) -> FlashInferKvMetadata:
@@ -592,49 +540,15 @@ class KvCachePool:
     def begin_prefetch_decode_graph_step(self, cache_len: int, cache_pos: int, batch: int) -> FlashInferKvMetadata:
         """Start capturing a decode graph for a later page bucket: the live step CSR is set aside, a CSR for
         ``cache_len`` is built from the live page table and installed, and every row's write index points at
-        scratch slots the pool owns until ``close()``, so the capture never writes a live request's KV."""
-        step = self._require_step()
-        if batch != step.batch:
-            raise ValueError(f"prefetch for batch {batch} but the active step has {step.batch} rows")
-        if self._prefetch.active:
-            raise RuntimeError("a prefetch is already in progress; end_prefetch_decode_graph_step first")
-        cache_len = as_int(cache_len, "cache_len", minimum=1, maximum=step.min_capacity)
-        cache_pos = as_int(cache_pos, "cache_pos", minimum=0, maximum=cache_len - 1)
-        need = self.num_pages_for_length(cache_len)
-        scratch = self._prefetch.scratch_pages
-        if len(scratch) < need:
-            if need - len(scratch) > self._binder.available_pages():
-                raise KvCacheExhaustedError(f"prefetch needs {need} scratch pages, have {self._exhausted_detail()}")
-            added = self._binder.take(need - len(scratch), PageOwner.SCRATCH)
-            self._kv.zero_slots(page_slots(added, self._page_size))  # scratch never holds NaN
-            scratch = self._prefetch.scratch_pages = np.concatenate([scratch, added])
-        pf = self._prefetch
-        pf.saved_meta, pf.saved_lengths, pf.saved_step = step.csr.meta, step.csr.lengths, step
-        lengths = np.full(step.batch, cache_len, dtype=np.int64)
-        pf.meta = build_csr(step.page_table32, lengths, self._page_size, self._device)
-        step.csr.install(pf.meta, lengths)
-        slot = int(scratch[cache_pos // self._page_size]) * self._page_size + cache_pos % self._page_size
-        self._decode.point_at(step, np.full(step.batch, cache_pos, dtype=np.int64),
-                              np.full(step.batch, slot, dtype=np.int64), scratch=True)
-        pf.active = True
-        return pf.meta
+        scratch slots the pool owns until ``close()``, so the capture never writes a live request's KV (and a put
+        meanwhile does not count as a write). KvCacheExhaustedError if the scratch pages cannot be had."""
+        return self._prefetch.begin(self._require_step(), self._decode, self._binder, cache_len, cache_pos, batch)
 
     @_locked
     def end_prefetch_decode_graph_step(self) -> FlashInferKvMetadata:
         """Restore the live step CSR and return the prefetch one (for ``install_prefetched_step_metadata``).
         The decode write index must be prepared again before the next decode put."""
-        pf = self._prefetch
-        if not pf.active or pf.meta is None:
-            raise RuntimeError("no prefetch in progress; call begin_prefetch_decode_graph_step first")
-        step = self._step
-        if step is not None and step is pf.saved_step:
-            if pf.saved_meta is not None and pf.saved_lengths is not None:
-                step.csr.install(pf.saved_meta, pf.saved_lengths)
-            else:
-                step.csr.clear()
-        self._decode.forget()
-        meta, pf.meta, pf.active, pf.saved_meta, pf.saved_lengths, pf.saved_step = pf.meta, None, False, None, None, None
-        return meta
+        return self._prefetch.end(self._step, self._decode)
 
     @_locked
     def install_prefetched_step_metadata(self, meta: FlashInferKvMetadata, uniform_len: int) -> None:
@@ -644,8 +558,7 @@ class KvCachePool:
         if not isinstance(meta, FlashInferKvMetadata) or meta.batch_size != step.batch:
             raise ValueError(f"install_prefetched_step_metadata needs a FlashInferKvMetadata of batch {step.batch}, "
                              f"got {getattr(meta, 'batch_size', type(meta).__name__)}")
-        lengths = step.lengths(as_int(uniform_len, "uniform_len", minimum=1), "uniform_len")
-        step.csr.install(meta, lengths)
+        step.csr.install(meta, step.lengths(as_int(uniform_len, "uniform_len", minimum=1), "uniform_len"))
 
     @_locked
     def prepare_verify_graph_step(self, cache_lens: Any, start_positions: Any, window_len: int) -> FlashInferKvMetadata:
@@ -653,24 +566,15 @@ class KvCachePool:
         window_len``; an int means uniform): rewrites the fixed-address verify CSR in place (reallocated only when
         the batch changes or the rows' total capacity in pages grows: see ``consume_verify_graph_meta_realloc``) and
         the fixed ``[B*W]`` write index. Counts as a write of the windows. Returns the verify CSR."""
-        step = self._require_step()
-        window = as_int(window_len, "window_len", minimum=1)
-        lengths, starts = self._window_starts(step, cache_lens, start_positions, window, "prepare_verify_graph_step")
-        meta = self._verify.write_csr(step, lengths)
-        self._verify.write_index(step, starts, window)
-        step.advance_kv_len(self._table.kv_len, starts, window)
-        return meta
+        return self._verify.prepare(self._require_step(), self._table.kv_len, cache_lens, start_positions,
+                                    window_len, graph=True)
 
     @_locked
     def prepare_verify_step(self, cache_lens: Any, start_positions: Any, window_len: int) -> FlashInferKvMetadata:
         """Eager ragged verify: the step CSR for ``cache_lens`` (reuse / bump / rebuild) and the ``[B*W]`` write
         index for ``put`` with ``verify_graph_buffers``. Returns the step CSR."""
-        step = self._require_step()
-        window = as_int(window_len, "window_len", minimum=1)
-        lengths, starts = self._window_starts(step, cache_lens, start_positions, window, "prepare_verify_step")
-        meta, _ = step.csr.get(step.page_table32, lengths)
-        self._verify.write_index(step, starts, window)
-        return meta
+        return self._verify.prepare(self._require_step(), self._table.kv_len, cache_lens, start_positions,
+                                    window_len, graph=False)
 
     @_locked
     def verify_graph_metadata(self) -> FlashInferKvMetadata:

@@ -136,6 +136,59 @@ class ActiveStep:
         kv_len[rows] = np.minimum(kv_len[rows], np.maximum(limit, self.matched))
         self._last_window = None
 
+    def check_not_below_prefix(self, start: np.ndarray, end: np.ndarray, what: str) -> None:
+        """ValueError if a non-empty range ``[start_b, end_b)`` reaches into row b's tree-owned prefix."""
+        below = (end > start) & (start < self.matched)
+        if below.any():
+            b = int(np.argmax(below))
+            raise ValueError(f"{what} of row {b} from {int(start[b])} reaches below its matched prefix "
+                             f"({int(self.matched[b])} tokens, owned by the prefix tree)")
+
+    def window_lengths(self, cache_len: Any, start_pos: Any, window: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+        """Validated ``(cache_lens, starts)`` of a write window of ``window`` tokens per row ending at
+        ``cache_len`` (``cache_len == start + window`` for every row; ValueError else)."""
+        starts = self.window(start_pos, window, what)
+        lengths = self.lengths(cache_len, "cache_len")
+        if not np.array_equal(lengths, starts + window):
+            raise ValueError(f"{what}: cache_len {lengths.tolist()} must equal start positions {starts.tolist()} + "
+                             f"window {window} for every row")
+        self.check_not_below_prefix(starts, starts + window, what)
+        return lengths, starts
+
+    # Regions of a row after a verify window wrote [start, written_end) and the drafts were judged:
+    #   [0, matched_len)            tree-owned prefix: never written, never zeroed
+    #   [matched_len, sealed_len)   accepted KV, the row's own; attention sees [0, sealed_len)
+    #   [sealed_len, written_end)   rejected drafts' KV: nobody's; invisible, zeroed only with zero_rejected_kv,
+    #                               overwritten by the next window; kv_len never covers it, so never inserted
+    def seal(self, kv_len: np.ndarray, sealed: np.ndarray) -> bool:
+        """Lower kv_len to ``sealed``; bump the step CSR in place when every row keeps its page count (True), else
+        drop it (False): the next request for the CSR builds it for the lengths then asked."""
+        self.lower_kv_len(kv_len, sealed)
+        if sealed.any() and self.csr.try_bump(sealed):
+            return True
+        self.csr.clear()
+        return False
+
+    def truncate(self, kv: KvStore, kv_len: np.ndarray, sealed_len: Any, written_end: Any, zero: bool) -> bool:
+        sealed = self.lengths(sealed_len, "sealed_len")
+        written = self.lengths(written_end, "written_end")
+        if (written < sealed).any():
+            raise ValueError(f"writtenEnd must be >= sealedLen: written_end {written.tolist()}, sealed_len "
+                             f"{sealed.tolist()}")
+        if zero:
+            self.check_not_below_prefix(sealed, written, "truncate_to zeroing")
+            kv.zero_slots(self.range_slots(sealed, written))
+        return self.seal(kv_len, sealed)
+
+    def invalidate(self, kv: KvStore, kv_len: np.ndarray, from_pos: Any, end_pos: Any) -> None:
+        start = self.lengths(from_pos, "from_pos")
+        end = self.lengths(end_pos, "end_pos")
+        if (end < start).any():
+            raise ValueError(f"invalidate_range needs from_pos <= end_pos, got {start.tolist()} and {end.tolist()}")
+        self.check_not_below_prefix(start, end, "invalidate_range")
+        kv.zero_slots(self.range_slots(start, end))
+        self.lower_kv_len(kv_len, np.where(end > start, start, kv_len[self.rows]))
+
     def read_length(self, length: Any, padded: bool) -> int:
         length = as_int(length, "length", minimum=0)
         limit = self.max_capacity if padded else self.min_capacity
