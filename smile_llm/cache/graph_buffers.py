@@ -1,8 +1,10 @@
 """Fixed-address buffers that captured CUDA graphs read: decode and verify write indices, the verify CSR, the
 query-side ``qo_indptr``, and the scratch slots a decode capture writes to.
 
-Every tensor a graph reads keeps its address and is rewritten in place with ``copy_``/``fill_``; a buffer is
-reallocated only when its shape must change, and that is reported (``VerifyGraphBuffers.realloc``). Buffers are sized
+Every tensor a graph reads keeps its address and is rewritten in place with ``copy_``/``fill_``. Write indices and
+``qo_indptr`` exist once per shape for the pool's life, so a graph captured for one batch stays valid while others
+run; the verify CSR is reallocated only when the batch changes or the rows outgrow it, and that is reported
+(``VerifyGraphBuffers.realloc``). Buffers are sized
 by the same rule that fills them (pages for the CSR, tokens for write indices), so a fill can never overrun them
 (SGLang PR 24587). Nothing here runs inside a capture: the pool prepares these before each replay.
 """
@@ -35,15 +37,18 @@ class DecodeGraphBuffers:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.enabled = False
-        self.index: torch.Tensor | None = None  # int64[B], fixed address while B is unchanged
+        self.index: torch.Tensor | None = None  # int64[B] of the prepared step
+        self._by_batch: dict[int, torch.Tensor] = {}  # one fixed index per batch size for the pool's life
         self.prepared_for: ActiveStep | None = None
         self.positions: np.ndarray | None = None  # int64[B] the index points at
         self.scratch = False  # True while a prefetch capture points every row at scratch slots
 
     def point_at(self, step: ActiveStep, positions: np.ndarray, slots: np.ndarray, scratch: bool) -> None:
-        if self.index is None or self.index.shape[0] != step.batch:
-            self.index = torch.zeros(step.batch, dtype=torch.int64, device=self.device)
-        _copy_in(self.index, slots)
+        index = self._by_batch.get(step.batch)
+        if index is None:  # graphs keyed to another batch keep theirs: a shape's buffer never moves
+            index = self._by_batch[step.batch] = torch.zeros(step.batch, dtype=torch.int64, device=self.device)
+        _copy_in(index, slots)
+        self.index = index
         self.prepared_for, self.positions, self.scratch = step, positions.copy(), scratch
 
     def forget(self) -> None:
@@ -84,7 +89,8 @@ class VerifyGraphBuffers:
         self._written_for: ActiveStep | None = None  # the step and page counts the CSR holds (for partial rewrites)
         self._num_pages: np.ndarray | None = None
         self._indptr = np.zeros(1, dtype=np.int32)
-        self.index: torch.Tensor | None = None  # int64[B*W]
+        self.index: torch.Tensor | None = None  # int64[B*W] of the prepared windows
+        self._by_shape: dict[tuple[int, int], torch.Tensor] = {}  # one fixed index per (B, W) for the pool's life
         self.prepared_for: ActiveStep | None = None
         self.starts: np.ndarray | None = None
         self.window = 0
@@ -119,10 +125,12 @@ class VerifyGraphBuffers:
         return meta
 
     def write_index(self, step: ActiveStep, starts: np.ndarray, window: int) -> None:
-        n = step.batch * window
-        if self.index is None or self.index.shape[0] != n:
-            self.index = torch.zeros(n, dtype=torch.int64, device=self.device)
-        _copy_in(self.index, step.slots(starts, window))
+        key = (step.batch, window)
+        index = self._by_shape.get(key)
+        if index is None:
+            index = self._by_shape[key] = torch.zeros(step.batch * window, dtype=torch.int64, device=self.device)
+        _copy_in(index, step.slots(starts, window))
+        self.index = index
         self.prepared_for, self.starts, self.window = step, starts.copy(), window
 
     def index_for(self, step: ActiveStep, start: np.ndarray, seqlen: int) -> torch.Tensor:
@@ -171,8 +179,8 @@ class PrefetchState:
         self.saved_step: ActiveStep | None = None
         self.meta: FlashInferKvMetadata | None = None
 
-    def begin(self, step: ActiveStep, decode: DecodeGraphBuffers, binder: Binder, cache_len: Any, cache_pos: Any,
-              batch: Any) -> FlashInferKvMetadata:
+    def begin(self, step: ActiveStep, decode: DecodeGraphBuffers, binder: Binder, kv_len: np.ndarray, cache_len: Any,
+              cache_pos: Any, batch: Any) -> FlashInferKvMetadata:
         if batch != step.batch:
             raise ValueError(f"prefetch for batch {batch} but the active step has {step.batch} rows")
         if self.active:
@@ -188,6 +196,10 @@ class PrefetchState:
             added = binder.take(need, PageOwner.SCRATCH)
             binder.kv.zero_slots(page_slots(added, ps))  # scratch never holds NaN
             self.scratch_pages = np.concatenate([self.scratch_pages, added])
+        # The capture attends to [0, cache_len) of the live rows; what lies past a row's kv_len there is no live
+        # KV (at most rejected drafts), so it is zeroed: the capture never reads NaN or stale values.
+        kv_end = np.minimum(kv_len[step.rows], cache_len)
+        binder.kv.zero_slots(step.range_slots(kv_end, np.full(step.batch, cache_len, dtype=np.int64)))
         self.saved_meta, self.saved_lengths, self.saved_step = step.csr.meta, step.csr.lengths, step
         lengths = np.full(step.batch, cache_len, dtype=np.int64)
         self.meta = build_csr(step.page_table32, lengths, ps, step.device)

@@ -190,6 +190,12 @@ class KvCachePool:
             return None
         return self._table.get(int(request_id))
 
+    def _csr_step(self) -> ActiveStep:
+        """The active step, for a verb that changes its CSR: RuntimeError while a prefetch capture holds it."""
+        if self._prefetch.active:
+            raise RuntimeError("a decode prefetch capture holds the step CSR; end_prefetch_decode_graph_step first")
+        return self._require_step()
+
     def _require_step(self) -> ActiveStep:
         if self._step is None:
             raise NoActiveStepError("No request bound; call bind_request/activate_step or bind_with_prefix first")
@@ -455,14 +461,14 @@ class KvCachePool:
         """The step-scoped CSR every layer of one forward shares (do not modify it): reused when the lengths are
         unchanged, bumped in place (same tensors, only ``last_page_len`` rewritten) when every row keeps its page
         count, rebuilt otherwise."""
-        step = self._require_step()
+        step = self._csr_step()
         return step.csr.get(step.page_table32, step.lengths(lengths, "lengths"))[0]
 
     @_locked
     def clear_step_metadata(self) -> None:
         """Forget the step CSR (the next shared_flashinfer_metadata rebuilds it)."""
         if self._step is not None:
-            self._step.csr.clear()
+            self._csr_step().csr.clear()
 
     @_locked
     def current_step_metadata(self) -> FlashInferKvMetadata | None:
@@ -475,9 +481,9 @@ class KvCachePool:
     def seal_length(self, sealed_len: Any) -> bool:
         """Attention sees only ``[0, sealed_len)`` of each active row from now on (an int or one per row); frees
         nothing and lowers ``kv_len`` to at most ``sealed_len`` (never below the matched prefix). True when the step
-        CSR was kept or bumped in place (tensor addresses survive), False when it was dropped: the next
-        ``shared_flashinfer_metadata`` builds a new one, so drop graphs keyed to the old."""
-        step = self._require_step()
+        CSR was kept or bumped in place (tensor addresses survive), False when it was rebuilt (drop graphs keyed to
+        the old tensors); sealing every row at 0 leaves no step CSR."""
+        step = self._csr_step()
         return step.seal(self._table.kv_len, step.lengths(sealed_len, "sealed_len"))
 
     @_locked
@@ -485,7 +491,7 @@ class KvCachePool:
         """After a verify window wrote up to ``written_end``, seal to ``sealed_len``; with ``zero_rejected_kv``
         zero ``[sealed_len, written_end)`` first. ValueError if ``written_end < sealed_len``, if it exceeds a row's
         capacity, or if zeroing would reach below a row's matched prefix. Returns what ``seal_length`` returns."""
-        return self._require_step().truncate(self._kv, self._table.kv_len, sealed_len, written_end,
+        return self._csr_step().truncate(self._kv, self._table.kv_len, sealed_len, written_end,
                                              self._zero_rejected_kv)
 
     @_locked
@@ -496,15 +502,18 @@ class KvCachePool:
         self._require_step().invalidate(self._kv, self._table.kv_len, from_pos, end_pos)
 
     # ------------------------------------------------------------------ CUDA-graph fixed buffers (API.md 3.5)
+    @_locked
     def num_pages_for_length(self, length: int) -> int:
         """Pages a row of ``length`` tokens spans: ``ceil(length / page_size)``."""
         return -(-as_int(length, "length") // self._page_size)
 
+    @_locked
     def steps_until_page_boundary(self, cache_len: int) -> int:
         """Decode steps until ``cache_len`` fills its last page (0 when it just did)."""
         rem = as_int(cache_len, "cache_len") % self._page_size
         return 0 if rem == 0 else self._page_size - rem
 
+    @_locked
     def first_cache_len_in_next_page_bucket(self, num_pages: int) -> int:
         """The first length that needs ``num_pages + 1`` pages."""
         return as_int(num_pages, "num_pages") * self._page_size + 1
@@ -525,7 +534,7 @@ class KvCachePool:
         """Prepare a decode step writing position ``positions[b]`` of each row (``cache_len == position + 1``):
         the step CSR for ``cache_len`` (reuse / bump / rebuild) and the fixed ``[B]`` write index. Counts as a
         write of those positions (a replayed graph never calls put). Returns the step CSR."""
-        return self._decode.prepare(self._require_step(), self._table.kv_len, cache_len, positions)
+        return self._decode.prepare(self._csr_step(), self._table.kv_len, cache_len, positions)
 
     @_locked
     def decode_graph_metadata(self, batch: int) -> FlashInferKvMetadata:
@@ -541,8 +550,11 @@ class KvCachePool:
         """Start capturing a decode graph for a later page bucket: the live step CSR is set aside, a CSR for
         ``cache_len`` is built from the live page table and installed, and every row's write index points at
         scratch slots the pool owns until ``close()``, so the capture never writes a live request's KV (and a put
-        meanwhile does not count as a write). KvCacheExhaustedError if the scratch pages cannot be had."""
-        return self._prefetch.begin(self._require_step(), self._decode, self._binder, cache_len, cache_pos, batch)
+        meanwhile does not count as a write). Slots past a row's ``kv_len`` up to ``cache_len`` hold no live KV and are
+        zeroed, so the capture never reads NaN. Verbs that change the step CSR raise RuntimeError until
+        ``end_prefetch_decode_graph_step``. KvCacheExhaustedError if the scratch pages cannot be had."""
+        return self._prefetch.begin(self._require_step(), self._decode, self._binder, self._table.kv_len, cache_len,
+                                    cache_pos, batch)
 
     @_locked
     def end_prefetch_decode_graph_step(self) -> FlashInferKvMetadata:
@@ -554,11 +566,13 @@ class KvCachePool:
     def install_prefetched_step_metadata(self, meta: FlashInferKvMetadata, uniform_len: int) -> None:
         """Make ``meta`` (a prefetched CSR) the step CSR for length ``uniform_len``; ValueError if its batch differs
         from the active step's or the length is out of range."""
-        step = self._require_step()
+        step = self._csr_step()
         if not isinstance(meta, FlashInferKvMetadata) or meta.batch_size != step.batch:
             raise ValueError(f"install_prefetched_step_metadata needs a FlashInferKvMetadata of batch {step.batch}, "
                              f"got {getattr(meta, 'batch_size', type(meta).__name__)}")
-        step.csr.install(meta, step.lengths(as_int(uniform_len, "uniform_len", minimum=1), "uniform_len"))
+        lengths = step.lengths(as_int(uniform_len, "uniform_len", minimum=1), "uniform_len")
+        step.check_describes(meta, lengths, self._pages.num_pages)
+        step.csr.install(meta, lengths)
 
     @_locked
     def prepare_verify_graph_step(self, cache_lens: Any, start_positions: Any, window_len: int) -> FlashInferKvMetadata:
@@ -573,7 +587,7 @@ class KvCachePool:
     def prepare_verify_step(self, cache_lens: Any, start_positions: Any, window_len: int) -> FlashInferKvMetadata:
         """Eager ragged verify: the step CSR for ``cache_lens`` (reuse / bump / rebuild) and the ``[B*W]`` write
         index for ``put`` with ``verify_graph_buffers``. Returns the step CSR."""
-        return self._verify.prepare(self._require_step(), self._table.kv_len, cache_lens, start_positions,
+        return self._verify.prepare(self._csr_step(), self._table.kv_len, cache_lens, start_positions,
                                     window_len, graph=False)
 
     @_locked

@@ -17,7 +17,7 @@ from .bindings import Binding
 from .checks import as_int, as_positions, same_device
 from .errors import KvCacheExhaustedError
 from .kv_store import KvStore
-from .metadata import StepCsr
+from .metadata import FlashInferKvMetadata, StepCsr, csr_arrays
 
 INDEX_CACHE_ENTRIES = 4  # a step's write window, its read, and a padded read fit
 
@@ -136,6 +136,20 @@ class ActiveStep:
         kv_len[rows] = np.minimum(kv_len[rows], np.maximum(limit, self.matched))
         self._last_window = None
 
+    def check_describes(self, meta: FlashInferKvMetadata, lengths: np.ndarray, num_pages: int) -> None:
+        """ValueError unless ``meta`` is a well-formed CSR on this device listing exactly this step's rows at
+        ``lengths`` (O(B + pages): it is compared with a fresh build)."""
+        if meta.page_size != self.page_size or not same_device(meta.indptr.device, self.device):
+            raise ValueError(f"the CSR has page_size {meta.page_size} on {meta.indptr.device}; the pool uses "
+                             f"{self.page_size} on {self.device}")
+        meta.validate(num_pages)
+        indptr, indices, last = csr_arrays(self.page_table32, lengths, self.page_size)
+        n = int(indptr[-1])
+        if not (np.array_equal(meta.indptr.cpu().numpy(), indptr) and np.array_equal(
+                meta.indices[:n].cpu().numpy(), indices) and np.array_equal(meta.last_page_len.cpu().numpy(), last)):
+            raise ValueError(f"the CSR does not describe the active rows at lengths {lengths.tolist()} (another "
+                             f"cohort's, or another length's)")
+
     def check_not_below_prefix(self, start: np.ndarray, end: np.ndarray, what: str) -> None:
         """ValueError if a non-empty range ``[start_b, end_b)`` reaches into row b's tree-owned prefix."""
         below = (end > start) & (start < self.matched)
@@ -161,13 +175,13 @@ class ActiveStep:
     #   [sealed_len, written_end)   rejected drafts' KV: nobody's; invisible, zeroed only with zero_rejected_kv,
     #                               overwritten by the next window; kv_len never covers it, so never inserted
     def seal(self, kv_len: np.ndarray, sealed: np.ndarray) -> bool:
-        """Lower kv_len to ``sealed``; bump the step CSR in place when every row keeps its page count (True), else
-        drop it (False): the next request for the CSR builds it for the lengths then asked."""
+        """Lower kv_len to ``sealed``; keep or bump the step CSR in place when every row keeps its page count
+        (True), else rebuild it for ``sealed`` (False; none at all when every row is sealed at 0)."""
         self.lower_kv_len(kv_len, sealed)
-        if sealed.any() and self.csr.try_bump(sealed):
-            return True
-        self.csr.clear()
-        return False
+        if not sealed.any():
+            self.csr.clear()
+            return False
+        return self.csr.get(self.page_table32, sealed)[1] != "rebuild"
 
     def truncate(self, kv: KvStore, kv_len: np.ndarray, sealed_len: Any, written_end: Any, zero: bool) -> bool:
         sealed = self.lengths(sealed_len, "sealed_len")

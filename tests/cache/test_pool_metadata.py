@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from smile_llm.cache import KvCacheExhaustedError, KvCacheLayout, KvCachePool
+from smile_llm.attention.reference import paged_attention
 from smile_llm.cache.metadata import FlashInferKvMetadata
 
 from .snapshot import expect_unchanged
@@ -214,8 +215,8 @@ def test_ragged_truncate_zeroes_each_row_tail() -> None:
     k, _ = pool.get(0, 12)
     assert k[0, :, 0, 0].tolist() == [1.0] * 9 + [0.0] * 3 and k[1, :, 0, 0].tolist() == [1.0] * 11 + [0.0]
     assert [pool.kv_len(i) for i in ids] == [9, 11]
-    assert pool.current_step_metadata() is None  # dropped, not rebuilt: the next forward asks for what it needs
-    assert pool.shared_flashinfer_metadata([9, 11]).last_page_len.tolist() == [9, 11]
+    meta = pool.current_step_metadata()  # rebuilt for the sealed lengths
+    assert meta.last_page_len.tolist() == [9, 11] and pool.shared_flashinfer_metadata([9, 11]) is meta
 
 
 def test_decode_graph_step_writes_through_the_fixed_index_and_bumps_in_place() -> None:
@@ -246,7 +247,7 @@ def test_decode_graph_step_writes_through_the_fixed_index_and_bumps_in_place() -
 
 
 def test_prefetch_capture_writes_only_scratch_slots() -> None:
-    pool = pool16(256, fresh_page_fill="poison")
+    pool = pool16(512, fresh_page_fill="poison")
     ids = [pool.bind_request([1], 64), pool.bind_request([2], 64)]
     pool.activate_step(*ids)
     pool.put(0, 0, ones(2, 30), ones(2, 30))
@@ -259,21 +260,43 @@ def test_prefetch_capture_writes_only_scratch_slots() -> None:
     assert pool.current_step_metadata() is pf and pf.indptr.tolist() == [0, 3, 6]
     assert pool.stats()["scratch_pages"] == 3
     pool.check_invariants()
+    # The capture attends over [0, 33) of the live rows: positions 31 and 32 were never written (poison), so
+    # begin zeroed them; what the rows wrote stays exactly as it was.
+    pool.decode_graph_buffers = False
+    k_live, _ = pool.get(0, 33)
+    assert k_live[:, :31].equal(ones(2, 31).clone().index_fill_(1, torch.tensor([30]), 2.0))
+    assert k_live[:, 31:].eq(0).all()
+    pool.decode_graph_buffers = True
+    q = torch.randn(2, 2, 16)
+    pf_out = paged_attention(q, pool.key_layer(0).view(-1, 16, 2, 16), pool.value_layer(0).view(-1, 16, 2, 16), pf)
+    assert not pf_out.isnan().any()  # the capture never computes on NaN
+    live_slots = set(pool.slot_indices(64).tolist())
+    before = pool.key_cache.clone()
     pool.put(0, 32, ones(2, 1, 99.0), ones(2, 1, 99.0))  # what a capture does
     after = pool.key_cache
-    differs = (after != before) & ~(after.isnan() & before.isnan())  # unwritten live slots are NaN (poison)
-    changed = differs.any(dim=-1).any(dim=-1)[0].nonzero().flatten().tolist()
+    differs = (after != before) & ~(after.isnan() & before.isnan())
+    changed = set(differs.any(dim=-1).any(dim=-1)[0].nonzero().flatten().tolist())
     scratch = set((pool._prefetch.scratch_pages[:, None] * 16 + np.arange(16)).reshape(-1).tolist())
-    assert changed and set(changed) <= scratch  # no live slot was written
+    assert changed and changed <= scratch and not changed & live_slots  # no live slot was written
     assert not pool.key_cache[0, sorted(scratch)].isnan().any()  # scratch pages are zeroed, never poison
     assert [pool.kv_len(i) for i in ids] == kv_before
+    for verb, args in ((pool.seal_length, (34,)), (pool.shared_flashinfer_metadata, (34,)),
+                       (pool.prepare_decode_graph_step, (32, 31)), (pool.truncate_to, (31, 31)),
+                       (pool.clear_step_metadata, ()), (pool.install_prefetched_step_metadata, (pf, 33))):
+        expect_unchanged(pool, RuntimeError, verb, *args, match="prefetch capture holds the step CSR")
     assert pool.end_prefetch_decode_graph_step() is pf and pool.current_step_metadata() is live
     expect_unchanged(pool, RuntimeError, pool.put, 0, 31, ones(2, 1), ones(2, 1), match="prepare_decode_graph_step")
     expect_unchanged(pool, RuntimeError, pool.end_prefetch_decode_graph_step, match="no prefetch")
     expect_unchanged(pool, ValueError, pool.install_prefetched_step_metadata, _single_row_meta(), 33,
                      match="batch 2")
+    expect_unchanged(pool, ValueError, pool.install_prefetched_step_metadata, pf, 40, match="does not describe")
     pool.install_prefetched_step_metadata(pf, 33)
     assert pool.current_step_metadata() is pf and pool.shared_flashinfer_metadata(34) is pf  # bumped in place
+    other = [pool.bind_request([3], 64), pool.bind_request([4], 64)]
+    pool.activate_step(*other)  # another cohort of the same batch: the CSR lists the wrong pages
+    expect_unchanged(pool, ValueError, pool.install_prefetched_step_metadata, pf, 34, match="does not describe")
+    bad = FlashInferKvMetadata(pf.indptr.long(), pf.indices, pf.last_page_len, 16)
+    expect_unchanged(pool, ValueError, pool.install_prefetched_step_metadata, bad, 34)
     pool.check_invariants()
 
 
@@ -416,3 +439,71 @@ def test_verify_csr_partial_rewrites_match_a_fresh_build() -> None:
         assert ptrs(meta) == addresses
         starts = starts + rng.integers(1, window + 1, size=5)  # each row accepts its own number of tokens
     assert pool.consume_verify_graph_meta_realloc() is True and pool.consume_verify_graph_meta_realloc() is False
+
+
+def test_write_indices_and_qo_indptr_are_fixed_per_shape_for_the_pool_life() -> None:
+    pool = pool16(512)
+    ids = [pool.bind_request([1], 64) for _ in range(3)]
+    pool.activate_step(*ids[:2])
+    pool.put(0, 0, ones(2, 8), ones(2, 8))
+    pool.prepare_decode_graph_step(9, 8)
+    decode2 = pool._decode.index
+    pool.prepare_verify_graph_step(11, 8, 3)
+    verify23 = pool._verify.index
+    qo23 = pool.verify_qo_indptr(2, 3)
+    pool.activate_step(*ids)  # batch 3: other buffers
+    pool.put(0, 0, ones(3, 8), ones(3, 8))
+    pool.prepare_decode_graph_step(9, 8)
+    pool.prepare_verify_graph_step(12, 8, 4)
+    assert pool._decode.index is not decode2 and pool._verify.index is not verify23
+    assert pool.verify_qo_indptr(3, 4).tolist() == [0, 4, 8, 12]
+    pool.activate_step(*ids[:2])  # back to batch 2: the very same tensors graphs captured
+    pool.prepare_decode_graph_step(10, 9)
+    pool.prepare_verify_graph_step(12, 9, 3)
+    assert pool._decode.index is decode2 and pool._verify.index is verify23 and pool.verify_qo_indptr(2, 3) is qo23
+    assert decode2.tolist() == pool.window_slot_indices(9, 1).tolist()
+
+
+def test_verify_csr_realloc_is_reported_when_the_rows_outgrow_it() -> None:
+    pool = pool16(512)
+    small = [pool.bind_request([1], 32), pool.bind_request([2], 32)]
+    large = [pool.bind_request([3], 64), pool.bind_request([4], 64)]
+    smaller = [pool.bind_request([5], 16), pool.bind_request([6], 16)]
+    pool.activate_step(*small)
+    first = ptrs(pool.prepare_verify_graph_step(4, 0, 4))
+    assert pool.consume_verify_graph_meta_realloc() is True
+    pool.activate_step(*smaller)  # same batch, less capacity: the buffers are reused
+    assert ptrs(pool.prepare_verify_graph_step(4, 0, 4)) == first and not pool.consume_verify_graph_meta_realloc()
+    pool.activate_step(*large)  # same batch, more capacity in pages: moved, and reported
+    assert ptrs(pool.prepare_verify_graph_step(4, 0, 4)) != first and pool.consume_verify_graph_meta_realloc()
+
+
+def test_reference_attention_never_sees_a_rejected_tail() -> None:
+    # Keys past the sealed length hold rejected drafts (left in place without zero_rejected_kv): attention over the
+    # step CSR after truncate_to equals attention over a pool where they were never written.
+    torch.manual_seed(0)
+    pools = [pool16(64, zero_rejected_kv=False), pool16(64)]
+    k, v = torch.randn(1, 24, 2, 16), torch.randn(1, 24, 2, 16)
+    q = torch.randn(1, 4, 16)
+    outs = []
+    for pool, written in zip(pools, (24, 19)):
+        pool.bind_requests(1, 32)
+        pool.put(0, 0, k[:, :written], v[:, :written])
+        if written == 24:
+            assert pool.truncate_to(19, 24) is False  # no step CSR yet
+        meta = pool.shared_flashinfer_metadata(19)
+        outs.append(paged_attention(q, pool.key_layer(0).view(-1, 16, 2, 16), pool.value_layer(0).view(-1, 16, 2, 16),
+                                    meta))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_graph_and_metadata_verbs_raise_after_close() -> None:
+    pool = pool16()
+    pool.bind_requests(1, 16)
+    pool.close()
+    for verb, args in ((pool.num_pages_for_length, (5,)), (pool.steps_until_page_boundary, (5,)),
+                       (pool.first_cache_len_in_next_page_bucket, (1,)), (pool.shared_flashinfer_metadata, (1,)),
+                       (pool.seal_length, (1,)), (pool.prepare_decode_graph_step, (1, 0)),
+                       (pool.verify_qo_indptr, (1, 1)), (pool.current_step_metadata, ())):
+        with pytest.raises(RuntimeError, match="closed"):
+            verb(*args)
