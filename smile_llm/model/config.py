@@ -1,0 +1,120 @@
+"""ModelConfig: the one reader of Hugging Face ``config.json`` fields (Llama, Qwen2, Qwen3, with an MTP head)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+MAX_SPECULATIVE_TOKENS = 7  # Smile's block of 8: drafts + 1 bonus token
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency scaling (``rope_scaling.rope_type == "llama3"``)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # q/k/v projection bias (Qwen2: always)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+    mtp_num_hidden_layers: int = 0
+    num_speculative_tokens: int = 0  # the model's default draft count (0 without MTP)
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ModelConfig:
+        """Read ``path/config.json`` (or ``path`` itself when it is the file)."""
+        p = Path(path)
+        p = p / "config.json" if p.is_dir() else p
+        if not p.is_file():
+            raise FileNotFoundError(f"no config.json at {p}; pass a Hugging Face model folder")
+        return cls.from_dict(json.loads(p.read_text()))
+
+    @classmethod
+    def from_dict(cls, hf: dict[str, Any]) -> ModelConfig:
+        """Normalise an HF config dict. ValueError for an unsupported family or inconsistent head counts."""
+        model_type = str(hf.get("model_type", "")).lower()
+        if model_type not in FAMILIES:
+            raise ValueError(f"model_type {model_type!r} is not supported; use one of {FAMILIES}")
+        try:
+            hidden = int(hf["hidden_size"])
+            heads = int(hf["num_attention_heads"])
+            layers = int(hf["num_hidden_layers"])
+            vocab = int(hf["vocab_size"])
+            intermediate = int(hf["intermediate_size"])
+        except KeyError as exc:
+            raise ValueError(f"config.json lacks {exc.args[0]!r}") from None
+        kv_heads = int(hf.get("num_key_value_heads") or heads)
+        head_dim = int(hf.get("head_dim") or hidden // heads)
+        if heads % kv_heads:
+            raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        mtp_layers = int(hf.get("mtp_num_hidden_layers") or hf.get("num_nextn_predict_layers") or 0)
+        spec = (hf.get("speculative_config") or {}).get("num_speculative_tokens")
+        num_spec = 0 if mtp_layers == 0 else min(max(int(spec), 1), MAX_SPECULATIVE_TOKENS) if spec else 3
+        eos = hf.get("eos_token_id")
+        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
+        return cls(
+            model_type=model_type,
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate_size=intermediate,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+            rope_scaling=_rope_scaling(hf.get("rope_scaling") or hf.get("rope_parameters")),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            qk_norm=model_type == "qwen3",
+            mtp_num_hidden_layers=mtp_layers,
+            num_speculative_tokens=num_spec,
+            bos_token_id=None if hf.get("bos_token_id") is None else int(hf["bos_token_id"]),
+            eos_token_ids=eos_ids,
+        )
+
+    def resolve_speculative_tokens(self, requested: int | None) -> int:
+        """Smile's rule: 0 without MTP; else the request (or the model default, or 3), capped at 7."""
+        if self.mtp_num_hidden_layers == 0:
+            return 0
+        n = requested if requested and requested > 0 else self.num_speculative_tokens or 3
+        return min(n, MAX_SPECULATIVE_TOKENS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _rope_scaling(raw: Any) -> RopeScaling | None:
+    if not raw:
+        return None
+    kind = raw.get("rope_type", raw.get("type"))
+    if kind in (None, "default"):
+        return None
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling type {kind!r} is not supported (only 'llama3')")
+    return RopeScaling(float(raw["factor"]), float(raw.get("low_freq_factor", 1.0)),
+                       float(raw.get("high_freq_factor", 4.0)), int(raw["original_max_position_embeddings"]))

@@ -1,0 +1,46 @@
+"""ForwardContext: everything one forward's attention needs, built once and shared by every layer.
+
+It binds the active step's write window (positions ``[start_b, start_b + S)`` of each row), the slot index of that
+window (computed once, not per layer), the step CSR over ``[0, start_b + S)``, the planned attention backend and the
+rotary tables. Created by ``Transformer.forward`` for one call and dropped after it; nothing is module-global.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..attention.backend import AttentionBackend
+from ..cache import KvCachePool
+
+
+class ForwardContext:
+    def __init__(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
+                 inv_freq: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype) -> None:
+        self.pool = pool
+        self.backend = backend
+        self.start = start  # int64[B]
+        self.batch, self.seqlen = len(start), seqlen
+        self.page_size = pool.page_size
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self.slot_idx = torch.from_numpy(pool.window_slot_indices(start, seqlen)).to(pool.device)
+        meta = pool.shared_flashinfer_metadata(start + seqlen)
+        qo_indptr = None
+        if seqlen > 1:
+            qo_indptr = torch.arange(0, (self.batch + 1) * seqlen, seqlen, dtype=torch.int32, device=pool.device)
+        backend.plan(meta, num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                     qo_indptr=qo_indptr, causal=True, q_dtype=dtype, kv_dtype=pool.dtype)
+        positions = torch.from_numpy(start[:, None] + np.arange(seqlen)).to(inv_freq.device).float()  # [B, S]
+        freqs = positions[..., None] * inv_freq  # [B, S, head_dim / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, S, 1, head_dim]
+        self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        self.k_scale, self.v_scale = pool.k_scale, pool.v_scale
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Write this window's K/V into ``layer`` of the pool, then attend over the row's cache: ``[B*S, H, D]``."""
+        self.pool.put(layer, self.start, k, v, slot_idx=self.slot_idx)
+        shape = (-1, self.page_size, self.num_kv_heads, self.head_dim)
+        return self.backend.run(q.reshape(self.batch * self.seqlen, -1, self.head_dim),
+                                self.pool.key_layer(layer).view(shape), self.pool.value_layer(layer).view(shape),
+                                k_scale=self.k_scale, v_scale=self.v_scale)

@@ -1,0 +1,28 @@
+"""GenerationListener: optional callbacks of one generate() call, in Smile's order: ``on_input_tokens`` and
+``on_cached_input_tokens`` once after binding, then ``on_generated_tokens`` and ``on_text`` (never empty) as tokens
+come. ``on_thinking_tokens`` is reserved."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GenerationListener:
+    """Subclass and override what you need; every method is a no-op by default."""
+
+    def on_input_tokens(self, n: int) -> None: ...
+
+    def on_cached_input_tokens(self, n: int) -> None: ...
+
+    def on_generated_tokens(self, n: int) -> None: ...
+
+    def on_thinking_tokens(self, n: int) -> None: ...
+
+    def on_text(self, chunk: str) -> None: ...
+
+
+def notify(listener: Any, event: str, value: Any) -> None:
+    """Call ``listener.<event>(value)`` if the listener has it (duck typing: any object with some of the methods)."""
+    fn = getattr(listener, event, None) if listener is not None else None
+    if fn is not None:
+        fn(value)

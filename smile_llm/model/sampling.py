@@ -1,0 +1,32 @@
+"""Next-token sampling: greedy at temperature 0, otherwise temperature-scaled nucleus (top-p) sampling from a
+seeded generator. Logprobs are of the chosen token under the model's raw distribution (before temperature)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def make_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A generator seeded with ``seed``; 0 means nondeterministic (seeded from the OS)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed if seed != 0 else int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
+    return gen
+
+
+def sample(logits: torch.Tensor, temperature: float, top_p: float,
+           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits`` float32 ``[B, V]`` -> (tokens int64 ``[B]``, logprobs float32 ``[B]``)."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    if temperature == 0.0:
+        tokens = logits.argmax(dim=-1)
+    else:
+        probs = torch.softmax(logits / temperature, dim=-1)
+        if top_p < 1.0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
+            sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)  # keep the smallest set reaching top_p
+            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)

@@ -1,0 +1,79 @@
+"""Tokenizers: the built-in byte-level tokenizer (ids 0-255 are bytes, 256 is ``<|endoftext|>``) and Hugging Face
+``tokenizer.json`` files through the ``tokenizers`` library. Both decode incrementally without splitting a UTF-8
+character across text chunks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0-255; special ids from 256 (``<|endoftext|>`` is 256) decode to nothing."""
+
+    def __init__(self, vocab_size: int = 257, eos_token_id: int = 256) -> None:
+        self.vocab_size = vocab_size
+        self.eos_token_ids: tuple[int, ...] = (eos_token_id,)
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A ``tokenizer.json`` read by the ``tokenizers`` library."""
+
+    def __init__(self, path: Path, eos_token_ids: tuple[int, ...]) -> None:
+        from tokenizers import Tokenizer as _Tokenizer
+
+        self._tok = _Tokenizer.from_file(str(path))
+        self.vocab_size = self._tok.get_vocab_size()
+        self.eos_token_ids = eos_token_ids
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self._tok.decode(ids, skip_special_tokens=True))
+
+
+def load_tokenizer(folder: Path, eos_token_ids: tuple[int, ...], vocab_size: int) -> Tokenizer:
+    """``tokenizer.json`` if present, else the byte tokenizer (``smile_tokenizer.json`` may set its ids)."""
+    if (folder / "tokenizer.json").is_file():
+        return HFTokenizer(folder / "tokenizer.json", eos_token_ids)
+    spec = folder / "smile_tokenizer.json"
+    if spec.is_file():
+        meta = json.loads(spec.read_text())
+        return ByteTokenizer(int(meta.get("vocab_size", vocab_size)), int(meta.get("eos_token_id", 256)))
+    return ByteTokenizer(vocab_size, eos_token_ids[0] if eos_token_ids else 256)
+
+
+class StreamDecoder:
+    """Turns a growing id list into text chunks, holding back bytes of an unfinished UTF-8 character."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def push(self, token: int) -> str:
+        """The new text after ``token`` (may be empty while a character is incomplete)."""
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        chunk = text[len(self.emitted):]
+        self.emitted = text
+        return chunk

@@ -1,0 +1,73 @@
+"""The decoder: embeddings, decoder layers over the paged KV pool, final norm and LM head.
+
+``forward`` runs one step for the active rows of a pool: ``tokens[b]`` are the tokens at positions
+``[start_b, start_b + S)`` of row b (S the same for every row; the rows' starts may differ, so one code path
+serves batched prefill and ragged decode). K/V are written through ``pool.put`` and attention reads the pool
+through the backend with the step's shared CSR.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..attention.backend import AttentionBackend
+from ..cache import KvCachePool
+from .config import ModelConfig
+from .context import ForwardContext
+from .layers import DecoderLayer, RMSNorm, rope_inv_freq
+from .mtp import MtpHead
+
+
+@dataclass(frozen=True)
+class ForwardOutput:
+    logits: torch.Tensor  # float32 [B, S, vocab]
+    hidden: torch.Tensor  # [B, S, hidden]: the last decoder layer's output before the final norm (MTP input)
+
+
+class DecoderModel(nn.Module):
+    """HF's ``model.*`` part: ``embed_tokens``, ``layers``, ``norm``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class Transformer(nn.Module):
+    """A causal LM with HF parameter names (``model.*``, ``lm_head``)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.mtp = MtpHead(config) if config.mtp_num_hidden_layers else None
+        self.register_buffer("inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling),
+                             persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    def context(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int) -> ForwardContext:
+        c = self.config
+        inv_freq = self.get_buffer("inv_freq")
+        return ForwardContext(pool, backend, start, seqlen, inv_freq, c.num_attention_heads,
+                              c.num_key_value_heads, c.head_dim, self.dtype)
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, start: np.ndarray, pool: KvCachePool,
+                backend: AttentionBackend) -> ForwardOutput:
+        """``tokens`` int64 ``[B, S]`` for the pool's active rows at positions ``start[b] + [0, S)``."""
+        ctx = self.context(pool, backend, start, tokens.shape[1])
+        x = self.model.embed_tokens(tokens)
+        for layer in self.model.layers:
+            x = layer(x, ctx)
+        return ForwardOutput(self.lm_head(self.model.norm(x)).float(), x)
