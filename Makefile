@@ -13,7 +13,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[test,dev]"
+	$(PY) -m pip install --quiet -e ".[test,dev,hf]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,7 +29,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/reference_attention.py
 
 typecheck: $(STAMP)
-	$(PY) -m mypy smile_llm/cache smile_llm/attention
+	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/model
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache

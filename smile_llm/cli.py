@@ -4,20 +4,83 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
+
+
+class _Printer:
+    """Streams generated text to stdout as it comes."""
+
+    def on_text(self, chunk: str) -> None:
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+
+def _load(model: str | None) -> Any:
+    from .model import LanguageModel
+
+    return LanguageModel.default() if model is None else LanguageModel.from_pretrained(model)
+
+
+def _print_stats(completion: Any) -> None:
+    s = completion.stats
+    print(f"\n[{s['prompt_tokens']} prompt tokens, {s['cached_tokens']} cached, {s['generated_tokens']} generated, "
+          f"{s['tokens_per_s']:.1f} tokens/s, finish: {completion.finish_reason}]")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    lm = _load(args.model)
+    completion = lm.generate(args.prompt.encode().decode("unicode_escape"), args.max_new_tokens,
+                             temperature=args.temperature, top_p=args.top_p, seed=args.seed, listener=_Printer())
+    _print_stats(completion)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """generate() on the embedded model twice with a shared prefix: the second call reuses the cached KV."""
+    lm = _load(args.model)
+    print(f"model: {lm.config.model_type}, {lm.config.num_hidden_layers} layers, hidden {lm.config.hidden_size}, "
+          f"vocab {lm.config.vocab_size}; KV pool {lm.pool.num_slots} slots, page {lm.pool.page_size}\n")
+    prompt = "import os\nimport sys\n\n\ndef main(argv):\n    "
+    for turn, text in enumerate((prompt, prompt + "\"\"\"Run the command line.\"\"\"\n    ")):
+        print(f"--- call {turn + 1}: {len(text)}-byte prompt ---")
+        sys.stdout.write(text)
+        completion = lm.generate(text, args.max_new_tokens, listener=_Printer())
+        _print_stats(completion)
+        lm.pool.check_invariants()
+    stats = lm.pool.stats()
+    print(f"\nprefix cache: {stats['prefix_match_tokens']} of {stats['prefix_prompt_tokens']} prompt tokens reused, "
+          f"{stats['cached_tokens']} tokens cached; invariants hold")
+    return 0
+
+
+def cmd_cache_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(turns=args.turns, seed=args.seed)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="smile-llm", description="smile-llm: LLM serving core")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="serve a short multi-turn chat through the KV pool and show prefix reuse")
-    demo.add_argument("--turns", type=int, default=6)
-    demo.add_argument("--seed", type=int, default=7)
+    gen = sub.add_parser("generate", help="generate text (the embedded default model unless --model)")
+    gen.add_argument("--prompt", required=True, help="prompt text (\\n escapes allowed)")
+    gen.add_argument("--model", help="a Hugging Face model folder (config.json, *.safetensors, tokenizer)")
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(run=cmd_generate)
+    demo = sub.add_parser("demo", help="generate() twice on the default model, the second reusing the prefix")
+    demo.add_argument("--model")
+    demo.add_argument("--max-new-tokens", type=int, default=120)
+    demo.set_defaults(run=cmd_demo)
+    cache = sub.add_parser("cache-demo", help="a multi-turn chat through the KV pool alone, showing prefix reuse")
+    cache.add_argument("--turns", type=int, default=6)
+    cache.add_argument("--seed", type=int, default=7)
+    cache.set_defaults(run=cmd_cache_demo)
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        from .demo import run_demo
-
-        run_demo(turns=args.turns, seed=args.seed)
-    return 0
+    return int(args.run(args))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,6 @@ def test_demo_reuses_prefixes_deterministically() -> None:
 
 
 def test_cli_entry_point_runs_the_demo() -> None:
-    out = subprocess.run([sys.executable, "-m", "smile_llm", "demo", "--turns", "2"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "smile_llm", "cache-demo", "--turns", "2"], capture_output=True,
                          text=True, check=True).stdout
     assert "invariants hold" in out and "alice" in out and "bob" in out
