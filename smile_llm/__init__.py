@@ -1,6 +1,7 @@
 """smile-llm: the LLM serving core of Smile in Python.
 
-The facade: the paged KV-cache pool with its radix prefix cache, and the errors callers handle.
+The facade: the paged KV-cache pool with its radix prefix cache, the language model with ``generate()``, and the
+errors callers handle.
 """
 
 from .cache import (
@@ -10,7 +11,19 @@ from .cache import (
     KvCachePool,
     RadixCache,
 )
+from .model import Completion, GenerationCancelled, GenerationListener, LanguageModel, ModelConfig
 
 __version__ = "0.1.0"
 
-__all__ = ["KvCacheCorruptionError", "KvCacheExhaustedError", "KvCacheLayout", "KvCachePool", "RadixCache"]
+__all__ = [
+    "Completion",
+    "GenerationCancelled",
+    "GenerationListener",
+    "KvCacheCorruptionError",
+    "KvCacheExhaustedError",
+    "KvCacheLayout",
+    "KvCachePool",
+    "LanguageModel",
+    "ModelConfig",
+    "RadixCache",
+]
