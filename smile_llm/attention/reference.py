@@ -291,6 +291,12 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
     torch.mul(qp.reshape(b, qmax, hkv, g, d).permute(0, 2, 3, 1, 4), scale, out=qh)
     qh = qh.view(b, hkv, g * qmax, d)
 
+    if qmax == 1 and len(plan.chunks) == 1 and not cap and not return_lse:
+        out = _decode_one_chunk(plan, qh, k, v, _real(v_scale, "v_scale"))  # [B, Hq, D] fp32
+        if plan.out_rows is not None:
+            out = out.index_select(0, plan.out_rows)
+        return out.to(q.dtype)
+
     m = torch.full((b, hkv, g * qmax, 1), -math.inf, device=plan.device)  # running max of the logits
     den = torch.zeros_like(m)  # running sum of exp(logit - max)
     acc = torch.zeros(b, hkv, g * qmax, d, device=plan.device)  # running sum of exp(logit - max) * v
@@ -327,6 +333,29 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
     if plan.out_rows is not None:
         lse = lse.index_select(0, plan.out_rows)
     return out, lse.contiguous()  # lse: float32[total_q, Hq], base 2
+
+
+def _decode_one_chunk(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      v_scale: float) -> torch.Tensor:
+    """Decode whose whole KV fits one chunk, without soft cap or LSE: one fused SDPA instead of the online softmax.
+    ``qh`` is ``[B, Hkv, G, D]`` fp32, already scaled. Slots past a row's end are zeroed in K and V (NaN-safe) and
+    masked; a row with no key gives 0, like the general path."""
+    b, hkv, d = plan.batch, plan.num_kv_heads, plan.head_dim
+    c = plan.chunks[0]
+    lc = c.num_tokens
+    kc = _gather(k, _rows_view(k), c.rows, _workspace(plan, k.dtype, 0)).view(b, hkv, lc, d)
+    vc = _gather(v, _rows_view(v), c.rows, _workspace(plan, v.dtype, 1)).view(b, hkv, lc, d)
+    mask = None
+    if c.past_end is not None:
+        kc.masked_fill_(c.past_end, 0.0)
+        vc.masked_fill_(c.past_end, 0.0)
+        mask = ~c.past_end.transpose(-1, -2)  # [B, 1, 1, Lc]: True where a key may be seen
+    out = torch.nn.functional.scaled_dot_product_attention(qh, kc, vc, attn_mask=mask, scale=1.0)
+    if mask is not None:
+        out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # rows with no key at all
+    if v_scale != 1.0:
+        out = out * v_scale
+    return out.reshape(b, plan.num_qo_heads, d)  # head h = kv_head * G + g, as the GQA mapping requires
 
 
 def _rows_view(cache: torch.Tensor) -> torch.Tensor | None:

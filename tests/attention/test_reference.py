@@ -158,7 +158,7 @@ def test_matches_dense_float64_oracle(c: dict) -> None:
     assert out.dtype == torch.float32 and lse.dtype == torch.float32
     assert_close(out, want_out, 1e-5)
     assert_close(lse, want_lse, 1e-5)
-    assert torch.equal(plain, out)
+    assert_close(plain, want_out, 1e-5)  # without LSE, one-chunk decode takes the fused SDPA path
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -238,7 +238,7 @@ def test_gqa_maps_query_head_h_to_kv_head_h_over_group() -> None:
     v = torch.stack([torch.full((4, 8), 1.0), torch.full((4, 8), 2.0)], dim=1)[None]  # [1, 4, Hkv=2, 8]
     k = torch.randn_like(v)
     out = paged_attention(torch.randn(1, 4, 8), k, v, one_row_meta(3, 4, [0]))
-    assert out[0, :, 0].tolist() == [1.0, 1.0, 2.0, 2.0]  # not [1, 2, 1, 2] (h % Hkv)
+    assert torch.allclose(out[0, :, 0], torch.tensor([1.0, 1.0, 2.0, 2.0]))  # not [1, 2, 1, 2] (h % Hkv)
 
 
 def test_soft_cap_and_scales_by_hand() -> None:
