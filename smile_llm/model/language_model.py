@@ -140,11 +140,11 @@ class LanguageModel:
         whole = False
         try:
             run.prefill(ids[matched:], matched)
-            while True:
-                if run.take_next():
-                    break
-                if len(run.tokens) >= max_new_tokens or len(ids) + len(run.tokens) >= capacity:
-                    break
+
+            def room() -> bool:  # a generated token sits at position len(ids) + i, which must be < capacity
+                return len(run.tokens) < max_new_tokens and len(ids) + len(run.tokens) < capacity
+
+            while room() and not run.take_next() and room():
                 if cancel is not None and cancel():
                     whole = True
                     raise GenerationCancelled("aborted: cancel() returned True between steps; KV released")
@@ -180,7 +180,7 @@ class LanguageModel:
             for rid, run in rows.items():
                 pool.activate_step(rid)
                 run.prefill(run.prompt[run.matched :], run.matched)
-            alive = list(rows)
+            alive = list(rows) if max_new_tokens > 0 else []
             while alive:
                 alive = [rid for rid in alive
                          if not rows[rid].take_next() and len(rows[rid].tokens) < max_new_tokens]
