@@ -102,21 +102,30 @@ class LanguageModel:
     def _check_sampling(max_new_tokens: Any, temperature: Any, top_p: Any) -> None:
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
+                not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-        if not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
 
     def _stops(self, stop: Any) -> tuple[set[int], list[str]]:
+        """EOS ids plus ``stop``: a token id, a string, or a list/tuple of those."""
         ids, texts = set(self.config.eos_token_ids), []
-        for s in ([] if stop is None else [stop] if isinstance(stop, (str, int)) else stop):
+        if stop is None:
+            entries: list[Any] = []
+        elif isinstance(stop, (list, tuple)):
+            entries = list(stop)
+        else:
+            entries = [stop]
+        for s in entries:
             if isinstance(s, str):
                 if s:
                     texts.append(s)
-            elif isinstance(s, int) and not isinstance(s, bool):
+            elif isinstance(s, int) and not isinstance(s, bool) and 0 <= s < self.config.vocab_size:
                 ids.add(s)
             else:
-                raise ValueError(f"stop entries must be token ids or strings, got {s!r}")
+                raise ValueError(f"stop entries must be token ids in [0, {self.config.vocab_size}) or strings, "
+                                 f"got {s!r}")
         return ids, texts
 
     # ------------------------------------------------------------------ generation
@@ -134,11 +143,11 @@ class LanguageModel:
         pool = self.pool
         matched = pool.bind_with_prefix(ids, len(ids) + max_new_tokens)
         capacity = pool.request_capacity
-        notify(listener, "on_input_tokens", len(ids))
-        notify(listener, "on_cached_input_tokens", min(matched, len(ids)))
         run = _Run(self, ids, matched, temperature, top_p, logprobs, seed, listener, stop_ids, stop_texts)
         whole = False
         try:
+            notify(listener, "on_input_tokens", len(ids))
+            notify(listener, "on_cached_input_tokens", min(matched, len(ids)))
             run.prefill(ids[matched:], matched)
 
             def room() -> bool:  # a generated token sits at position len(ids) + i, which must be < capacity
@@ -220,6 +229,7 @@ class _Run:
         self.finish_reason = "length"
         self.stream = StreamDecoder(model.tokenizer)
         self.text = ""  # text of the generated tokens, up to any stop string
+        self.cut = False  # a stop string ended the text
         self.sent = 0  # characters of ``text`` already given to on_text
         self.logits: torch.Tensor | None = None
         self.t0 = time.perf_counter()
@@ -259,6 +269,7 @@ class _Run:
             at = self.text.find(s)
             if at >= 0:
                 self.text = self.text[:at]
+                self.cut = True
                 self.finish_reason = "stop"
                 self._flush()
                 return True
@@ -273,6 +284,8 @@ class _Run:
             self.sent = end
 
     def completion(self) -> Completion:
+        if not self.cut:
+            self.text += self.stream.finish()
         self._flush()
         elapsed = time.perf_counter() - self.t0
         decode_s = max(elapsed - self.prefill_s, 1e-9)

@@ -61,19 +61,28 @@ def load_tokenizer(folder: Path, eos_token_ids: tuple[int, ...], vocab_size: int
 
 
 class StreamDecoder:
-    """Turns a growing id list into text chunks, holding back bytes of an unfinished UTF-8 character."""
+    """Turns a growing id list into text chunks, holding back an unfinished UTF-8 character. Each step decodes
+    only the ids since the last emitted chunk (prefix/read offsets, as vLLM does), so streaming is linear."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.emitted = ""
+        self.prefix = 0  # ids[prefix:read] decode to the text emitted last (context for the next chunk)
+        self.read = 0
 
     def push(self, token: int) -> str:
-        """The new text after ``token`` (may be empty while a character is incomplete)."""
+        """The new text after ``token`` (empty while a character is incomplete)."""
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        text = self.tokenizer.decode(self.ids[self.prefix :])
+        if len(text) <= len(before) or text.endswith("\ufffd"):
             return ""
-        chunk = text[len(self.emitted):]
-        self.emitted = text
-        return chunk
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(before) :]
+
+    def finish(self) -> str:
+        """Whatever is still held back at the end (an incomplete character decodes to U+FFFD)."""
+        before = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        text = self.tokenizer.decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return text[len(before) :]
