@@ -1,8 +1,8 @@
 """ForwardContext: everything one forward's attention needs, built once and shared by every layer.
 
-It binds the active step's write window (positions ``[start_b, start_b + S)`` of each row), the slot index of that
-window (computed once, not per layer), the step CSR over ``[0, start_b + S)``, the planned attention backend and the
-rotary tables. Created by ``Transformer.forward`` for one call and dropped after it; nothing is module-global.
+It binds the active step's write window (positions ``[start_b, start_b + S)`` of each row; the pool computes its slot
+index once and reuses it for every layer), the step CSR over ``[0, start_b + S)``, the planned attention backend and
+the rotary tables. Created by ``Transformer.forward`` for one call and dropped after it; nothing is module-global.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ class ForwardContext:
         self.batch, self.seqlen = len(start), seqlen
         self.page_size = pool.page_size
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
-        self.slot_idx = torch.from_numpy(pool.window_slot_indices(start, seqlen)).to(pool.device)
+        # An int start when every row starts at the same position takes put's scalar fast path; the pool caches
+        # the window's slot index on the first layer, so later layers reuse it.
+        self.put_start: int | np.ndarray = int(start[0]) if (start == start[0]).all() else start
         meta = pool.shared_flashinfer_metadata(start + seqlen)
         qo_indptr = None
         if seqlen > 1:
@@ -39,7 +41,7 @@ class ForwardContext:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write this window's K/V into ``layer`` of the pool, then attend over the row's cache: ``[B*S, H, D]``."""
-        self.pool.put(layer, self.start, k, v, slot_idx=self.slot_idx)
+        self.pool.put(layer, self.put_start, k, v)
         shape = (-1, self.page_size, self.num_kv_heads, self.head_dim)
         return self.backend.run(q.reshape(self.batch * self.seqlen, -1, self.head_dim),
                                 self.pool.key_layer(layer).view(shape), self.pool.value_layer(layer).view(shape),
