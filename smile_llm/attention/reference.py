@@ -189,17 +189,19 @@ def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_head
     limit_t = torch.from_numpy(limit)
     lens_t = torch.from_numpy(kv_lens)
     chunks = []
+    longest = int(kv_lens.max(initial=0))
     for first in range(0, max_pages, pages_per_chunk):
         last = min(first + pages_per_chunk, max_pages)
-        pos = torch.arange(first * ps, last * ps)  # [Lc]
+        end = min(last * ps, longest)  # nobody reads past the longest row: uniform rows need no mask at all
+        pos = torch.arange(first * ps, end)  # [Lc]
         hidden = past_end = None
-        if max_q and int(limit.min()) < last * ps - 1:
+        if max_q and int(limit.min()) < end - 1:
             hidden = (pos > limit_t[:, :, None]).view(batch, 1, 1, max_q, -1).to(device)
-        if batch and int(kv_lens.min()) < last * ps:
+        if batch and int(kv_lens.min()) < end:
             past_end = (pos >= lens_t[:, None]).view(batch, 1, -1, 1).to(device)
-        slots = (table[:, first:last, None] * ps + np.arange(ps)).reshape(batch, 1, -1)  # [B, 1, Lc]
+        slots = (table[:, first:last, None] * ps + np.arange(ps)).reshape(batch, 1, -1)[:, :, : end - first * ps]
         rows = (slots * num_kv_heads + np.arange(num_kv_heads)[:, None]).reshape(-1)  # [B * Hkv * Lc]
-        chunks.append(_Chunk(torch.from_numpy(rows).to(device), (last - first) * ps, hidden, past_end))
+        chunks.append(_Chunk(torch.from_numpy(rows).to(device), end - first * ps, hidden, past_end))
 
     q_rows = out_rows = None
     if max_q != 1 or total_q != batch:  # not plain decode: pad every row to Qmax queries
