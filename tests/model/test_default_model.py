@@ -1,0 +1,61 @@
+"""The model shipped in the package: it loads offline, generates Python-like text, and reuses prefixes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from smile_llm import LanguageModel
+from smile_llm.model.language_model import DEFAULT_MODEL_DIR
+
+
+@pytest.fixture(scope="module")
+def lm() -> LanguageModel:
+    return LanguageModel.default(max_seq_len=512)
+
+
+def test_default_model_is_a_byte_level_qwen3_with_an_mtp_head(lm: LanguageModel) -> None:
+    c = lm.config
+    assert (c.model_type, c.vocab_size, c.mtp_num_hidden_layers, c.tie_word_embeddings) == ("qwen3", 257, 1, True)
+    assert c.num_hidden_layers >= 8 and c.qk_norm and c.eos_token_ids == (256,)
+    assert lm.transformer.mtp is not None and len(lm.transformer.mtp.layers) == 1
+    assert lm.tokenizer.encode("é") == [0xC3, 0xA9] and lm.tokenizer.decode([0xC3, 0xA9, 256]) == "é"
+    for name in ("config.json", "model.safetensors", "README.md", "loss_curve.png", "smile_tokenizer.json"):
+        assert (DEFAULT_MODEL_DIR / name).is_file(), name
+
+
+def test_greedy_generation_is_python_like_and_reuses_the_prefix(lm: LanguageModel) -> None:
+    prompt = "import os\nimport sys\n\n\ndef main("
+    first = lm.generate(prompt, 60)
+    assert first.finish_reason in ("length", "stop") and len(first.tokens) > 0
+    text = first.text
+    assert any(word in text for word in ("self", "return", "if ", "args", "):", "=")), text
+    again = lm.generate(prompt, 60)
+    # 32 prompt bytes: the match stops below the last prompt token, at floor_page(31) = 16
+    assert again.tokens == first.tokens and again.stats["cached_tokens"] == 16
+    lm.pool.check_invariants()
+
+
+def test_cli_generate_streams_text_and_stats() -> None:
+    out = subprocess.run([sys.executable, "-m", "smile_llm", "generate", "--prompt", "def ", "--max-new-tokens", "20"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.startswith("") and "prompt tokens" in out and "generated" in out and "tokens/s" in out
+
+
+def test_default_model_matches_transformers(lm: LanguageModel) -> None:
+    transformers = pytest.importorskip("transformers")
+    import numpy as np
+    import torch
+
+    hf = transformers.Qwen3ForCausalLM.from_pretrained(str(DEFAULT_MODEL_DIR), torch_dtype=torch.float32).eval()
+    ids = lm.tokenizer.encode("class Parser:\n    def parse(self, text):\n")
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0]
+    lm.pool.bind_with_prefix(ids, len(ids) + 1)
+    try:
+        got = lm.transformer(torch.tensor([ids]), np.array([0]), lm.pool, lm.backend).logits[0]
+    finally:
+        lm.pool.unbind_requests()
+    assert (got - want).abs().max().item() < 1e-4
