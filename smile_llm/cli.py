@@ -44,7 +44,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for turn, text in enumerate((prompt, prompt + "\"\"\"Run the command line.\"\"\"\n    ")):
         print(f"--- call {turn + 1}: {len(text)}-byte prompt ---")
         sys.stdout.write(text)
-        completion = lm.generate(text, args.max_new_tokens, listener=_Printer())
+        completion = lm.generate(text, args.max_new_tokens, temperature=args.temperature, top_p=0.9, seed=args.seed,
+                                 listener=_Printer())
         _print_stats(completion)
         lm.pool.check_invariants()
     stats = lm.pool.stats()
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="generate() twice on the default model, the second reusing the prefix")
     demo.add_argument("--model")
     demo.add_argument("--max-new-tokens", type=int, default=120)
+    demo.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (a tiny model loops greedily)")
+    demo.add_argument("--seed", type=int, default=2)
     demo.set_defaults(run=cmd_demo)
     cache = sub.add_parser("cache-demo", help="a multi-turn chat through the KV pool alone, showing prefix reuse")
     cache.add_argument("--turns", type=int, default=6)
