@@ -136,7 +136,13 @@ class LanguageModel:
         """Generate up to ``max_new_tokens`` tokens after ``prompt`` (ids or text). Greedy at temperature 0, else
         nucleus sampling; a nonzero ``seed`` makes the output reproducible. Stops at an EOS or ``stop`` token or
         string (finish_reason "stop") or after ``max_new_tokens`` or at the pool's capacity ("length").
-        ``cancel`` is polled between steps (GenerationCancelled). ValueError for bad input."""
+        ``cancel`` is polled between steps (GenerationCancelled). ValueError for bad input.
+
+        ``speculative_tokens`` (drafts per round from the MTP head) is validated here; speculative rounds come with
+        the MTP draft path, until then every step is a plain decode step (``stats["speculative_rounds"]`` is 0)."""
+        if speculative_tokens is not None and (isinstance(speculative_tokens, bool) or
+                                               not isinstance(speculative_tokens, int) or speculative_tokens < 0):
+            raise ValueError(f"speculative_tokens must be None or an int >= 0, got {speculative_tokens!r}")
         ids = self.encode(prompt)
         self._check_sampling(max_new_tokens, temperature, top_p)
         stop_ids, stop_texts = self._stops(stop)
