@@ -29,8 +29,13 @@ def _print_stats(completion: Any) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     lm = _load(args.model)
-    completion = lm.generate(args.prompt.encode().decode("unicode_escape"), args.max_new_tokens,
-                             temperature=args.temperature, top_p=args.top_p, seed=args.seed, listener=_Printer())
+    prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")  # the shell passes \n literally
+    try:
+        completion = lm.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                 seed=args.seed, listener=_Printer())
+    except ValueError as exc:
+        print(f"smile-llm generate: {exc}", file=sys.stderr)
+        return 2
     _print_stats(completion)
     return 0
 

@@ -40,7 +40,7 @@ class GenerationCancelled(RuntimeError):
 class Completion:
     text: str
     prompt_tokens: list[int]
-    tokens: list[int]  # generated ids, without the stop token
+    tokens: list[int]  # generated ids, without a stop token id (a stop string's tokens stay; text is cut)
     finish_reason: str  # "stop" or "length"
     logprobs: list[float] | None
     stats: dict[str, Any] = field(default_factory=dict)
@@ -50,9 +50,10 @@ class LanguageModel:
     """A causal LM served from a static paged KV pool with prefix reuse."""
 
     def __init__(self, config: ModelConfig, transformer: Transformer, tokenizer: Tokenizer, pool: KvCachePool,
-                 backend: AttentionBackend) -> None:
+                 backend: AttentionBackend, max_seq_len: int | None = None) -> None:
         self.config, self.transformer, self.tokenizer = config, transformer, tokenizer
         self.pool, self.backend = pool, backend
+        self.max_seq_len = max_seq_len or pool.num_slots  # longest prompt + completion of one request
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -74,7 +75,7 @@ class LanguageModel:
         layout = KvCacheLayout(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
                                max_batch_size, seq)
         pool = KvCachePool.allocate(layout, device, dtype, mem_fraction or 0.85, page_size)
-        return cls(config, transformer, tokenizer, pool, select_backend(device))
+        return cls(config, transformer, tokenizer, pool, select_backend(device), seq)
 
     @classmethod
     def default(cls, **kwargs: Any) -> LanguageModel:
@@ -107,6 +108,13 @@ class LanguageModel:
             raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
         if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+
+    def _clamp_new_tokens(self, ids: list[int], max_new_tokens: int) -> int:
+        """Smile's rule: a prompt longer than ``max_seq_len`` is an error; new tokens stop at ``max_seq_len``."""
+        if len(ids) > self.max_seq_len:
+            raise ValueError(f"prompt of {len(ids)} tokens exceeds max_seq_len {self.max_seq_len}; shorten it or "
+                             f"load the model with a larger max_seq_len")
+        return min(max_new_tokens, self.max_seq_len - len(ids))
 
     def _stops(self, stop: Any) -> tuple[set[int], list[str]]:
         """EOS ids plus ``stop``: a token id, a string, or a list/tuple of those."""
@@ -146,6 +154,7 @@ class LanguageModel:
         ids = self.encode(prompt)
         self._check_sampling(max_new_tokens, temperature, top_p)
         stop_ids, stop_texts = self._stops(stop)
+        max_new_tokens = self._clamp_new_tokens(ids, max_new_tokens)
         pool = self.pool
         matched = pool.bind_with_prefix(ids, len(ids) + max_new_tokens)
         capacity = pool.request_capacity
@@ -154,16 +163,18 @@ class LanguageModel:
         try:
             notify(listener, "on_input_tokens", len(ids))
             notify(listener, "on_cached_input_tokens", min(matched, len(ids)))
-            run.prefill(ids[matched:], matched)
-
-            def room() -> bool:  # a generated token sits at position len(ids) + i, which must be < capacity
-                return len(run.tokens) < max_new_tokens and len(ids) + len(run.tokens) < capacity
-
-            while room() and not run.take_next() and room():
+            # Each step: poll cancel, run one forward (the prefill first), sample and stream one token. A generated
+            # token sits at position len(ids) + i, which must stay below the bound capacity.
+            while len(run.tokens) < max_new_tokens and len(ids) + len(run.tokens) < capacity:
                 if cancel is not None and cancel():
                     whole = True
                     raise GenerationCancelled("aborted: cancel() returned True between steps; KV released")
-                run.decode_step(len(ids) + len(run.tokens) - 1)
+                if run.forwards == 0:
+                    run.prefill(ids[matched:], matched)
+                else:
+                    run.decode_step(len(ids) + len(run.tokens) - 1)
+                if run.take_next():
+                    break
             whole = True
         finally:  # the pool inserts only KV that was written (kv_len), so the sequence may run past it
             if whole:
@@ -183,22 +194,25 @@ class LanguageModel:
         if not prompt_ids:
             return []
         self._check_sampling(max_new_tokens, temperature, top_p)
+        limits = [self._clamp_new_tokens(ids, max_new_tokens) for ids in prompt_ids]
         stop_ids, stop_texts = self._stops(stop)
         pool = self.pool
         rows: dict[int, _Run] = {}
         whole = False
         try:
             for i, ids in enumerate(prompt_ids):
-                rid = pool.bind_request(ids, len(ids) + max_new_tokens)
+                rid = pool.bind_request(ids, len(ids) + limits[i])
+                row_seed = ((seed + i) or (1 << 62)) if seed else 0  # nonzero seeds stay nonzero per row
                 rows[rid] = _Run(self, ids, pool.matched_prefix_len(rid), temperature, top_p, logprobs,
-                                 seed + i if seed else 0, None, stop_ids, stop_texts)
+                                 row_seed, None, stop_ids, stop_texts)
+                rows[rid].limit = limits[i]
             for rid, run in rows.items():
                 pool.activate_step(rid)
                 run.prefill(run.prompt[run.matched :], run.matched)
-            alive = list(rows) if max_new_tokens > 0 else []
+            alive = [rid for rid in rows if rows[rid].limit > 0]
             while alive:
                 alive = [rid for rid in alive
-                         if not rows[rid].take_next() and len(rows[rid].tokens) < max_new_tokens]
+                         if not rows[rid].take_next() and len(rows[rid].tokens) < rows[rid].limit]
                 if not alive:
                     break
                 pool.activate_step(*alive)
@@ -231,6 +245,7 @@ class _Run:
         self.generator = make_generator(seed, model.pool.device)
         self.listener, self.stop_ids, self.stop_texts = listener, stop_ids, stop_texts
         self.tokens: list[int] = []
+        self.limit = 0  # generate_batch: this row's max new tokens
         self.logprobs: list[float] | None = [] if logprobs else None
         self.finish_reason = "length"
         self.stream = StreamDecoder(model.tokenizer)
@@ -260,19 +275,21 @@ class _Run:
     def take_next(self) -> bool:
         """Sample the next token from the last logits; True when generation must stop here."""
         assert self.logits is not None
-        token_t, logprob_t = sample(self.logits, self.temperature, self.top_p, self.generator)
+        token_t, logprob_t = sample(self.logits, self.temperature, self.top_p, self.generator,
+                                    with_logprobs=self.logprobs is not None)
         token = int(token_t[0])
         if token in self.stop_ids:
             self.finish_reason = "stop"
             self._flush()
             return True
         self.tokens.append(token)
-        if self.logprobs is not None:
+        if self.logprobs is not None and logprob_t is not None:
             self.logprobs.append(float(logprob_t[0]))
         notify(self.listener, "on_generated_tokens", 1)
-        self.text += self.stream.push(token)
+        chunk = self.stream.push(token)
+        self.text += chunk
         for s in self.stop_texts:
-            at = self.text.find(s)
+            at = self.text.find(s, max(0, len(self.text) - len(chunk) - len(s) + 1))  # only where it can be new
             if at >= 0:
                 self.text = self.text[:at]
                 self.cut = True

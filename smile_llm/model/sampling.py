@@ -15,10 +15,9 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
     return gen
 
 
-def sample(logits: torch.Tensor, temperature: float, top_p: float,
-           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits`` float32 ``[B, V]`` -> (tokens int64 ``[B]``, logprobs float32 ``[B]``)."""
-    logprobs = torch.log_softmax(logits, dim=-1)
+def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator,
+           with_logprobs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``logits`` float32 ``[B, V]`` -> (tokens int64 ``[B]``, logprobs float32 ``[B]`` or None)."""
     if temperature == 0.0:
         tokens = logits.argmax(dim=-1)
     else:
@@ -29,4 +28,6 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float,
             sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)  # keep the smallest set reaching top_p
             probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
         tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+    if not with_logprobs:
+        return tokens, None
+    return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)

@@ -59,3 +59,27 @@ def test_default_model_matches_transformers(lm: LanguageModel) -> None:
     finally:
         lm.pool.unbind_requests()
     assert (got - want).abs().max().item() < 1e-4
+
+
+def test_prompt_longer_than_max_seq_len_is_refused_and_new_tokens_are_clamped(lm: LanguageModel) -> None:
+    with pytest.raises(ValueError, match="exceeds max_seq_len 512"):
+        lm.generate([65] * 513, 4)
+    out = lm.generate([65] * 500, 100)
+    assert len(out.tokens) <= 12 and out.finish_reason in ("length", "stop")
+    assert lm.pool.bound_request_count == 0
+    lm.pool.check_invariants()
+
+
+def test_batch_rows_with_a_negative_seed_stay_reproducible(lm: LanguageModel) -> None:
+    a = lm.generate_batch(["def ", "class "], 24, temperature=0.9, seed=-1)
+    b = lm.generate_batch(["def ", "class "], 24, temperature=0.9, seed=-1)
+    assert [c.tokens for c in a] == [c.tokens for c in b]
+
+
+def test_cli_keeps_non_ascii_prompts_and_reports_bad_input() -> None:
+    out = subprocess.run([sys.executable, "-m", "smile_llm", "generate", "--prompt", "# héllo 日本\\ndef ",
+                          "--max-new-tokens", "4"], capture_output=True, text=True, check=True).stdout
+    assert "[20 prompt tokens" in out  # 20 UTF-8 bytes: the \n escape became one newline
+    bad = subprocess.run([sys.executable, "-m", "smile_llm", "generate", "--prompt", ""], capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and "prompt is empty" in bad.stderr

@@ -400,20 +400,23 @@ def test_cancel_after_three_polls(lm, hf):
         lm.generate(PROMPT, N, cancel=cancel, listener=rec)
     assert len(polls) == 3
     assert_clean(lm.pool)
-    assert sum(v for k, v in rec.events if k == "generated") == 3  # type: ignore[misc]
-    # the prompt and the two decoded tokens were written (22 + 2 = 24 slots, 6 whole pages) and cached
+    # Smile's order: poll, forward, sample. Poll 1 -> prefill -> token 1; poll 2 -> decode -> token 2; poll 3 stops.
+    assert sum(v for k, v in rec.events if k == "generated") == 2  # type: ignore[misc]
+    # the prompt and the first decoded token were written (22 + 1 = 23 slots): 5 whole pages (20) are cached
     greedy = gen(hf.load(), PROMPT)
     c = gen(lm, PROMPT + greedy.tokens[:3], 4)
-    assert c.stats["cached_tokens"] == len(PROMPT) + 2
+    assert c.stats["cached_tokens"] == 20
     assert c.tokens == greedy.tokens[3:7]
 
 
-def test_cancel_at_first_poll_keeps_prompt_cached(lm):
+def test_cancel_at_first_poll_computes_nothing(lm):
+    rec = Recorder()
     with pytest.raises(GenerationCancelled):
-        lm.generate(PROMPT, N, cancel=lambda: True)
+        lm.generate(PROMPT, N, cancel=lambda: True, listener=rec)
     assert_clean(lm.pool)
-    assert gen(lm, PROMPT).stats["cached_tokens"] == 20  # floor_page(22 - 1) with page size 4
-    assert gen(lm, PROMPT, cancel=lambda: False).stats["cached_tokens"] > 0
+    assert not [k for k, _ in rec.events if k in ("generated", "text")]  # polled before the prefill
+    assert gen(lm, PROMPT).stats["cached_tokens"] == 0  # nothing was written, nothing was cached
+    assert gen(lm, PROMPT, cancel=lambda: False).stats["cached_tokens"] == 20  # floor_page(22 - 1), page 4
 
 
 @pytest.mark.parametrize("fail_on_call", [1, 3])
