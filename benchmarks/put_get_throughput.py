@@ -37,7 +37,6 @@ import gc
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -47,22 +46,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from smile_llm.cache import KvCachePool  # noqa: E402
+from bench_env import code_version  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def code_version() -> str:
-    """``git`` commit of the checkout (``+dirty`` when smile_llm/ has uncommitted changes), or ``unknown``."""
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "smile_llm"], capture_output=True,
-                               text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
 
 
 @dataclass(frozen=True)
