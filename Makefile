@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(PY) -m smile_llm demo
 
 test: $(STAMP)
+	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/model
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
