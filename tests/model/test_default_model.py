@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -41,7 +42,11 @@ def test_greedy_generation_is_python_like_and_reuses_the_prefix(lm: LanguageMode
 def test_cli_generate_streams_text_and_stats() -> None:
     out = subprocess.run([sys.executable, "-m", "smile_llm", "generate", "--prompt", "def ", "--max-new-tokens", "20"],
                          capture_output=True, text=True, check=True).stdout
-    assert out.startswith("") and "prompt tokens" in out and "generated" in out and "tokens/s" in out
+    text, _, stats = out.rpartition("\n[")  # the streamed completion, then one stats line
+    found = re.match(r"4 prompt tokens, 0 cached, (\d+) generated, [\d.]+ tokens/s, finish: (length|stop)]", stats)
+    assert found, stats
+    generated = int(found.group(1))
+    assert 0 < generated <= 20 and (generated == 20) == (found.group(2) == "length") and text.strip()
 
 
 def test_default_model_matches_transformers(lm: LanguageModel) -> None:
