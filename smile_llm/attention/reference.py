@@ -293,8 +293,8 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
     torch.mul(qp.reshape(b, qmax, hkv, g, d).permute(0, 2, 3, 1, 4), scale, out=qh)
     qh = qh.view(b, hkv, g * qmax, d)
 
-    if qmax == 1 and len(plan.chunks) == 1 and not cap and not return_lse:
-        out = _decode_one_chunk(plan, qh, k, v, _real(v_scale, "v_scale"))  # [B, Hq, D] fp32
+    if len(plan.chunks) == 1 and not cap and not return_lse:
+        out = _one_chunk_sdpa(plan, qh, k, v, _real(v_scale, "v_scale"))  # [B * Qmax, Hq, D] fp32
         if plan.out_rows is not None:
             out = out.index_select(0, plan.out_rows)
         return out.to(q.dtype)
@@ -337,27 +337,33 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
     return out, lse.contiguous()  # lse: float32[total_q, Hq], base 2
 
 
-def _decode_one_chunk(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      v_scale: float) -> torch.Tensor:
-    """Decode whose whole KV fits one chunk, without soft cap or LSE: one fused SDPA instead of the online softmax.
-    ``qh`` is ``[B, Hkv, G, D]`` fp32, already scaled. Slots past a row's end are zeroed in K and V (NaN-safe) and
-    masked; a row with no key gives 0, like the general path."""
-    b, hkv, d = plan.batch, plan.num_kv_heads, plan.head_dim
+def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    v_scale: float) -> torch.Tensor:
+    """A forward whose whole KV fits one chunk, without soft cap or LSE (decode, verify windows, short prefill):
+    one fused SDPA instead of the online softmax. ``qh`` is ``[B, Hkv, G * Qmax, D]`` fp32, already scaled.
+    Slots past a row's end are zeroed in K and V (NaN-safe) and masked with the causal limits; a query with no key
+    gives 0, like the general path. Returns ``[B * Qmax, Hq, D]``."""
+    b, hkv, d, qmax = plan.batch, plan.num_kv_heads, plan.head_dim, plan.max_q
+    g = plan.num_qo_heads // hkv
     c = plan.chunks[0]
     lc = c.num_tokens
     kc = _gather(k, _rows_view(k), c.rows, _workspace(plan, k.dtype, 0)).view(b, hkv, lc, d)
     vc = _gather(v, _rows_view(v), c.rows, _workspace(plan, v.dtype, 1)).view(b, hkv, lc, d)
-    mask = None
+    mask = None  # [B, 1, G * Qmax or 1, Lc]: True where a key may be seen
     if c.past_end is not None:
         kc.masked_fill_(c.past_end, 0.0)
         vc.masked_fill_(c.past_end, 0.0)
-        mask = ~c.past_end.transpose(-1, -2)  # [B, 1, 1, Lc]: True where a key may be seen
+        mask = ~c.past_end.transpose(-1, -2)
+    if c.hidden is not None:  # [B, 1, 1, Qmax, Lc] -> one row per (g, query) like qh
+        seen = ~c.hidden.expand(b, 1, g, qmax, lc).reshape(b, 1, g * qmax, lc)
+        mask = seen if mask is None else seen & mask
     out = torch.nn.functional.scaled_dot_product_attention(qh, kc, vc, attn_mask=mask, scale=1.0)
     if mask is not None:
-        out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # rows with no key at all
+        out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # queries with no key at all
     if v_scale != 1.0:
         out = out * v_scale
-    return out.reshape(b, plan.num_qo_heads, d)  # head h = kv_head * G + g, as the GQA mapping requires
+    # head h = kv_head * G + g, as the GQA mapping requires
+    return out.view(b, hkv, g, qmax, d).permute(0, 3, 1, 2, 4).reshape(b * qmax, plan.num_qo_heads, d)
 
 
 def _rows_view(cache: torch.Tensor) -> torch.Tensor | None:

@@ -43,6 +43,7 @@ class DecodeGraphBuffers:
         self.positions: np.ndarray | None = None  # int64[B] the index points at
         self.scratch = False  # True while a prefetch capture points every row at scratch slots
 
+    @torch.inference_mode(False)  # fixed buffers outlive the forward that creates them
     def point_at(self, step: ActiveStep, positions: np.ndarray, slots: np.ndarray, scratch: bool) -> None:
         index = self._by_batch.get(step.batch)
         if index is None:  # graphs keyed to another batch keep theirs: a shape's buffer never moves
@@ -96,6 +97,7 @@ class VerifyGraphBuffers:
         self.window = 0
         self._qo_indptr: dict[tuple[int, int], torch.Tensor] = {}
 
+    @torch.inference_mode(False)  # fixed buffers outlive the forward that creates them
     def write_csr(self, step: ActiveStep, lengths: np.ndarray) -> FlashInferKvMetadata:
         """Rewrite the fixed CSR for ``lengths``; reallocate it only when the batch changes or the rows' total
         capacity in pages outgrows it."""
@@ -124,6 +126,7 @@ class VerifyGraphBuffers:
         self._indptr = np.concatenate([self._indptr[:first], indptr + offset]) if first else indptr
         return meta
 
+    @torch.inference_mode(False)  # fixed buffers outlive the forward that creates them
     def write_index(self, step: ActiveStep, starts: np.ndarray, window: int) -> None:
         key = (step.batch, window)
         index = self._by_shape.get(key)
@@ -155,6 +158,7 @@ class VerifyGraphBuffers:
             step.advance_kv_len(kv_len, starts, window)
         return meta
 
+    @torch.inference_mode(False)  # fixed buffers outlive the forward that creates them
     def qo_indptr(self, batch: int, window: int) -> torch.Tensor:
         key = (batch, window)
         t = self._qo_indptr.get(key)

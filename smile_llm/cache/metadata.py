@@ -92,9 +92,11 @@ def csr_arrays(page_table: np.ndarray, lengths: np.ndarray, page_size: int) -> t
     return indptr, indices, last
 
 
+@torch.inference_mode(False)
 def build_csr(page_table: np.ndarray, lengths: np.ndarray, page_size: int,
               device: torch.device) -> FlashInferKvMetadata:
-    """A caller-owned CSR on ``device`` for rows ``page_table[b]`` at token ``lengths[b]``."""
+    """A caller-owned CSR on ``device`` for rows ``page_table[b]`` at token ``lengths[b]``. Built outside
+    inference mode even when called from a forward, so later in-place bumps work in and out of it."""
     indptr, indices, last = csr_arrays(page_table, lengths, page_size)
     return FlashInferKvMetadata(torch.from_numpy(indptr).to(device), torch.from_numpy(indices).to(device),
                                 torch.from_numpy(last).to(device), page_size)

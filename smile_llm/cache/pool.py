@@ -141,6 +141,8 @@ class KvCachePool:
     request_capacity = _state(lambda self: self._step.min_capacity if self._step is not None else 0,
                               doc="Smallest capacity among the active rows (0 when no step is active).")
     bound_request_count = _state(lambda self: len(self._table), doc="Bound requests, offloaded ones included.")
+    active_request_ids = _state(lambda self: self._step.ids if self._step is not None else (),
+                                doc="Ids of the active step's rows, in order (empty without one).")
     prefix_reuse_enabled = _state(lambda self: self._binder.prefix_reuse,
                                   lambda self, on: setattr(self._binder, "prefix_reuse", bool(on)),
                                   doc="Match prompts against the tree on bind and insert on finish.")

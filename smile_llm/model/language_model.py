@@ -9,7 +9,6 @@ the rows' KV is whole (normal end, stop, cancellation between steps), unbound wi
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,14 +21,15 @@ from ..attention.backend import AttentionBackend, select_backend
 from ..cache import KvCacheLayout, KvCachePool
 from ..cache.tokens import as_int_array
 from .config import ModelConfig
+from .decoder import Decoder
+from .drafter import MtpDrafter
 from .listener import notify
-from .sampling import make_generator, sample
-from .tokenizer import StreamDecoder, Tokenizer, load_tokenizer
+from .sequence import Sequence as SequenceState
+from .tokenizer import Tokenizer, load_tokenizer
 from .transformer import Transformer
 from .weights import load_into, read_checkpoint
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default"
-PREFILL_CHUNK = 512  # prompt tokens per forward: bounds activation memory on long prompts
 
 
 class GenerationCancelled(RuntimeError):
@@ -54,6 +54,18 @@ class LanguageModel:
         self.config, self.transformer, self.tokenizer = config, transformer, tokenizer
         self.pool, self.backend = pool, backend
         self.max_seq_len = max_seq_len or pool.num_slots  # longest prompt + completion of one request
+        self.drafter: MtpDrafter | None = None
+        if transformer.mtp is not None:
+            mtp_layout = KvCacheLayout(config.mtp_num_hidden_layers, config.num_key_value_heads, config.head_dim,
+                                       pool.num_slots // max(1, self.max_seq_len) or 1, self.max_seq_len)
+            try:
+                history = KvCachePool.for_mtp_history(mtp_layout, pool.device, pool.dtype, pool.page_size,
+                                                      pool.num_slots)
+                self.drafter = MtpDrafter(transformer, history, backend)
+            except RuntimeError:
+                pass  # too little memory for the draft history: decode without speculation
+        self.decoder = Decoder(transformer, pool, backend, self.drafter)
+        self.serving_engine: Any = None  # set while an InferenceEngine serves this model
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -137,59 +149,91 @@ class LanguageModel:
         return ids, texts
 
     # ------------------------------------------------------------------ generation
+    def speculative_tokens_for(self, requested: int | None) -> int:
+        """Drafts per round for a request: 0 without an MTP head or for ``requested == 0``; None means the
+        model's default (``num_speculative_tokens``); at most MAX_SPECULATIVE_TOKENS. ValueError for non-ints."""
+        if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or
+                                      requested < 0):
+            raise ValueError(f"speculative_tokens must be None or an int >= 0, got {requested!r}")
+        if requested == 0 or self.drafter is None:
+            return 0
+        return self.config.resolve_speculative_tokens(requested)
+
+    @staticmethod
+    def _check_draft_sampling(draft_sampling: Any) -> None:
+        if draft_sampling not in ("greedy", "sample"):
+            raise ValueError(f'draft_sampling must be "greedy" or "sample", got {draft_sampling!r}')
+
+    def _check_not_serving(self) -> None:
+        if self.serving_engine is not None:
+            raise RuntimeError("an InferenceEngine is serving this model; submit requests to it (generate() binds "
+                               "the pool exclusively and would evict the engine's requests)")
+
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, temperature: float = 0.0,
                  top_p: float = 1.0, logprobs: bool = False, seed: int = 0, listener: Any = None,
                  cancel: Callable[[], bool] | None = None, stop: Any = None,
-                 speculative_tokens: int | None = None) -> Completion:
+                 speculative_tokens: int | None = None, draft_sampling: str = "greedy") -> Completion:
         """Generate up to ``max_new_tokens`` tokens after ``prompt`` (ids or text). Greedy at temperature 0, else
         nucleus sampling; a nonzero ``seed`` makes the output reproducible. Stops at an EOS or ``stop`` token or
         string (finish_reason "stop") or after ``max_new_tokens`` or at the pool's capacity ("length").
-        ``cancel`` is polled between steps (GenerationCancelled). ValueError for bad input.
+        ``cancel`` is polled before every forward (GenerationCancelled). ValueError for bad input.
 
-        ``speculative_tokens`` (drafts per round from the MTP head) is validated here; speculative rounds come with
-        the MTP draft path, until then every step is a plain decode step (``stats["speculative_rounds"]`` is 0)."""
-        if speculative_tokens is not None and (isinstance(speculative_tokens, bool) or
-                                               not isinstance(speculative_tokens, int) or speculative_tokens < 0):
-            raise ValueError(f"speculative_tokens must be None or an int >= 0, got {speculative_tokens!r}")
+        With an MTP head, decoding is speculative: ``speculative_tokens`` drafts per round (None: the model's
+        default; 0: plain decoding), verified by one target forward. ``draft_sampling="greedy"`` (default) drafts
+        the head's argmax and keeps a draft while the target samples the same token; ``"sample"`` samples drafts
+        and uses rejection sampling. Either way the output has the target's distribution, and at temperature 0 it
+        equals plain greedy decoding token for token."""
+        self._check_not_serving()
+        k = self.speculative_tokens_for(speculative_tokens)
+        self._check_draft_sampling(draft_sampling)
         ids = self.encode(prompt)
         self._check_sampling(max_new_tokens, temperature, top_p)
         stop_ids, stop_texts = self._stops(stop)
         max_new_tokens = self._clamp_new_tokens(ids, max_new_tokens)
         pool = self.pool
         matched = pool.bind_with_prefix(ids, len(ids) + max_new_tokens)
-        capacity = pool.request_capacity
-        run = _Run(self, ids, matched, temperature, top_p, logprobs, seed, listener, stop_ids, stop_texts)
+        seq = SequenceState(self, ids, matched, limit=max_new_tokens, temperature=temperature, top_p=top_p,
+                            logprobs=logprobs, seed=seed, listener=listener, stop_ids=stop_ids,
+                            stop_texts=stop_texts, speculative_tokens=k, draft_sampling=draft_sampling,
+                            request_id=pool.active_request_ids[0], capacity=pool.request_capacity)
         whole = False
         try:
+            if k and self.drafter is not None:
+                self.drafter.pool.unbind_requests()  # generate() owns the model: no other history is live
+                self.drafter.bind(seq)
             notify(listener, "on_input_tokens", len(ids))
             notify(listener, "on_cached_input_tokens", min(matched, len(ids)))
-            # Each step: poll cancel, run one forward (the prefill first), sample and stream one token. A generated
-            # token sits at position len(ids) + i, which must stay below the bound capacity.
-            while len(run.tokens) < max_new_tokens and len(ids) + len(run.tokens) < capacity:
+            while seq.remaining > 0:  # each iteration: poll cancel, one forward, one or more tokens
                 if cancel is not None and cancel():
                     whole = True
                     raise GenerationCancelled("aborted: cancel() returned True between steps; KV released")
-                if run.forwards == 0:
-                    run.prefill(ids[matched:], matched)
+                if seq.prefilled < len(ids):
+                    self.decoder.prefill(seq)
+                    seq.take_next()
                 else:
-                    run.decode_step(len(ids) + len(run.tokens) - 1)
-                if run.take_next():
-                    break
+                    self.decoder.step([seq])
             whole = True
         finally:  # the pool inserts only KV that was written (kv_len), so the sequence may run past it
+            if self.drafter is not None:
+                self.drafter.release(seq)
             if whole:
-                pool.finish_exclusive(ids + run.tokens)
+                pool.finish_exclusive(ids + seq.tokens)
             else:
                 pool.unbind_requests()
-        return run.completion()
+        return seq.completion()
 
     def generate_batch(self, prompts: Iterable[str | Sequence[int]], max_new_tokens: int = 256, *,
                        temperature: float = 0.0, top_p: float = 1.0, logprobs: bool = False, seed: int = 0,
-                       stop: Any = None) -> list[Completion]:
+                       stop: Any = None, speculative_tokens: int | None = None,
+                       draft_sampling: str = "greedy") -> list[Completion]:
         """Generate for several prompts as one ragged batch: each is bound with ``bind_request`` (prefix reuse
-        included) and prefilled on its own, then all rows decode together, one token per row per step, rows
-        leaving the batch as they finish. Row i samples with seed ``seed + i`` (when seed is nonzero). Greedy
-        results equal ``generate`` on each prompt. KvCacheExhaustedError if the rows do not fit together."""
+        included) and prefilled on its own, then all rows step together (speculative rounds for rows that can
+        draft, plain steps for the rest), rows leaving the batch as they finish. Row i samples with seed
+        ``seed + i`` (when seed is nonzero). Greedy results equal ``generate`` on each prompt.
+        KvCacheExhaustedError if the rows do not fit together."""
+        self._check_not_serving()
+        k = self.speculative_tokens_for(speculative_tokens)
+        self._check_draft_sampling(draft_sampling)
         prompt_ids = [self.encode(p) for p in prompts]
         if not prompt_ids:
             return []
@@ -197,131 +241,42 @@ class LanguageModel:
         limits = [self._clamp_new_tokens(ids, max_new_tokens) for ids in prompt_ids]
         stop_ids, stop_texts = self._stops(stop)
         pool = self.pool
-        rows: dict[int, _Run] = {}
+        seqs: list[SequenceState] = []
         whole = False
         try:
+            if self.drafter is not None:
+                self.drafter.pool.unbind_requests()
             for i, ids in enumerate(prompt_ids):
                 rid = pool.bind_request(ids, len(ids) + limits[i])
                 row_seed = ((seed + i) or (1 << 62)) if seed else 0  # nonzero seeds stay nonzero per row
-                rows[rid] = _Run(self, ids, pool.matched_prefix_len(rid), temperature, top_p, logprobs,
-                                 row_seed, None, stop_ids, stop_texts)
-                rows[rid].limit = limits[i]
-            for rid, run in rows.items():
-                pool.activate_step(rid)
-                run.prefill(run.prompt[run.matched :], run.matched)
-            alive = [rid for rid in rows if rows[rid].limit > 0]
+                seq = SequenceState(self, ids, pool.matched_prefix_len(rid), limit=limits[i],
+                                    temperature=temperature, top_p=top_p, logprobs=logprobs, seed=row_seed,
+                                    stop_ids=stop_ids, stop_texts=stop_texts, speculative_tokens=k,
+                                    draft_sampling=draft_sampling, request_id=rid,
+                                    capacity=len(ids) + limits[i])
+                seqs.append(seq)
+                if k and self.drafter is not None:
+                    self.drafter.bind(seq)
+            for seq in seqs:
+                if seq.remaining > 0:
+                    self.decoder.prefill(seq)
+                    seq.take_next()
+            alive = [s for s in seqs if s.remaining > 0]
             while alive:
-                alive = [rid for rid in alive
-                         if not rows[rid].take_next() and len(rows[rid].tokens) < rows[rid].limit]
-                if not alive:
-                    break
-                pool.activate_step(*alive)
-                tokens = torch.tensor([[rows[r].tokens[-1]] for r in alive], dtype=torch.int64, device=pool.device)
-                start = np.array([len(rows[r].prompt) + len(rows[r].tokens) - 1 for r in alive], dtype=np.int64)
-                out = self.transformer(tokens, start, pool, self.backend)
-                for row, rid in enumerate(alive):
-                    rows[rid].logits = out.logits[row : row + 1, -1]
-                    rows[rid].forwards += 1
+                self.decoder.step(alive)
+                alive = [s for s in alive if s.remaining > 0]
             whole = True
         finally:
-            for rid, run in rows.items():
+            for seq in seqs:
+                if self.drafter is not None:
+                    self.drafter.release(seq)
                 if whole:
-                    pool.finish_request(rid, run.prompt + run.tokens)
+                    pool.finish_request(seq.request_id, seq.prompt + seq.tokens)
                 else:
-                    pool.unbind_request(rid)
-        return [run.completion() for run in rows.values()]
+                    pool.unbind_request(seq.request_id)
+        return [seq.completion() for seq in seqs]
 
     def close(self) -> None:
         self.pool.close()
-
-
-class _Run:
-    """The state of one generate() call: tokens so far, streaming, stop detection and stats."""
-
-    def __init__(self, model: LanguageModel, prompt: list[int], matched: int, temperature: float, top_p: float,
-                 logprobs: bool, seed: int, listener: Any, stop_ids: set[int], stop_texts: list[str]) -> None:
-        self.model, self.prompt, self.matched = model, prompt, matched
-        self.temperature, self.top_p = float(temperature), float(top_p)
-        self.generator = make_generator(seed, model.pool.device)
-        self.listener, self.stop_ids, self.stop_texts = listener, stop_ids, stop_texts
-        self.tokens: list[int] = []
-        self.limit = 0  # generate_batch: this row's max new tokens
-        self.logprobs: list[float] | None = [] if logprobs else None
-        self.finish_reason = "length"
-        self.stream = StreamDecoder(model.tokenizer)
-        self.text = ""  # text of the generated tokens, up to any stop string
-        self.cut = False  # a stop string ended the text
-        self.sent = 0  # characters of ``text`` already given to on_text
-        self.logits: torch.Tensor | None = None
-        self.t0 = time.perf_counter()
-        self.prefill_s = 0.0
-        self.forwards = 0
-
-    def _forward(self, tokens: list[int], start: int) -> None:
-        model = self.model
-        x = torch.tensor([tokens], dtype=torch.int64, device=model.pool.device)
-        out = model.transformer(x, np.array([start], dtype=np.int64), model.pool, model.backend)
-        self.logits = out.logits[:, -1]
-        self.forwards += 1
-
-    def prefill(self, tokens: list[int], start: int) -> None:
-        for i in range(0, len(tokens), PREFILL_CHUNK):
-            self._forward(tokens[i : i + PREFILL_CHUNK], start + i)
-        self.prefill_s = time.perf_counter() - self.t0
-
-    def decode_step(self, position: int) -> None:
-        self._forward([self.tokens[-1]], position)
-
-    def take_next(self) -> bool:
-        """Sample the next token from the last logits; True when generation must stop here."""
-        assert self.logits is not None
-        token_t, logprob_t = sample(self.logits, self.temperature, self.top_p, self.generator,
-                                    with_logprobs=self.logprobs is not None)
-        token = int(token_t[0])
-        if token in self.stop_ids:
-            self.finish_reason = "stop"
-            self._flush()
-            return True
-        self.tokens.append(token)
-        if self.logprobs is not None and logprob_t is not None:
-            self.logprobs.append(float(logprob_t[0]))
-        notify(self.listener, "on_generated_tokens", 1)
-        chunk = self.stream.push(token)
-        self.text += chunk
-        for s in self.stop_texts:
-            at = self.text.find(s, max(0, len(self.text) - len(chunk) - len(s) + 1))  # only where it can be new
-            if at >= 0:
-                self.text = self.text[:at]
-                self.cut = True
-                self.finish_reason = "stop"
-                self._flush()
-                return True
-        self._flush(hold=max((len(s) - 1 for s in self.stop_texts), default=0))
-        return False
-
-    def _flush(self, hold: int = 0) -> None:
-        """Give ``on_text`` the new text, holding back the last ``hold`` characters (a stop string may start)."""
-        end = max(self.sent, len(self.text) - hold)
-        if end > self.sent:
-            notify(self.listener, "on_text", self.text[self.sent : end])
-            self.sent = end
-
-    def completion(self) -> Completion:
-        if not self.cut:
-            self.text += self.stream.finish()
-        self._flush()
-        elapsed = time.perf_counter() - self.t0
-        decode_s = max(elapsed - self.prefill_s, 1e-9)
-        stats = {
-            "prompt_tokens": len(self.prompt),
-            "cached_tokens": self.matched,
-            "generated_tokens": len(self.tokens),
-            "forwards": self.forwards,
-            "speculative_rounds": 0,
-            "proposed_drafts": 0,
-            "accepted_drafts": 0,
-            "prefill_s": self.prefill_s,
-            "decode_s": decode_s,
-            "tokens_per_s": max(len(self.tokens) - 1, 0) / decode_s,
-        }
-        return Completion(self.text, list(self.prompt), list(self.tokens), self.finish_reason, self.logprobs, stats)
+        if self.drafter is not None:
+            self.drafter.pool.close()

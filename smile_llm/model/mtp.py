@@ -1,16 +1,19 @@
 """The MTP (multi-token prediction) draft head, Qwen3-Next style, with HF names under ``mtp.``.
 
-For position t it combines the embedding of token t+1 with the main model's last hidden state at t (before the
-final norm): ``x = fc(cat(pre_fc_norm_embedding(embed(token[t+1])), pre_fc_norm_hidden(h[t])))``, runs its own
-decoder layer(s), applies ``norm`` and the shared LM head to predict token t+2. It shares ``embed_tokens`` and
-``lm_head`` with the main model.
+MTP position t combines the embedding of token t+1 with the main model's last hidden state at t (before the final
+norm): ``x = fc(cat(pre_fc_norm_embedding(embed(token[t+1])), pre_fc_norm_hidden(h[t])))``, runs its own decoder
+layer(s) with causal attention over the MTP positions held in its own KV pool, then ``norm`` and the shared LM head
+predict token t+2. For a chained draft the head's own output ``x`` (before ``norm``) is the next hidden input, as
+the shipped model was trained. ``embed_tokens`` and ``lm_head`` are the main model's.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from .config import ModelConfig
+from .context import ForwardContext
 from .layers import DecoderLayer, RMSNorm
 
 
@@ -23,3 +26,12 @@ class MtpHead(nn.Module):
         self.fc = nn.Linear(2 * d, d, bias=False)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.mtp_num_hidden_layers))
         self.norm = RMSNorm(d, config.rms_norm_eps)
+
+    def forward(self, embedded: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """``embedded`` (embeddings of the next tokens) and ``hidden`` ``[B, S, D]`` -> the head's output ``x``
+        ``[B, S, D]`` before ``norm``. Writes the S positions of ``ctx`` into the MTP pool's layers."""
+        x = self.fc(torch.cat([self.pre_fc_norm_embedding(embedded),
+                               self.pre_fc_norm_hidden(hidden.to(embedded.dtype))], dim=-1))
+        for layer in self.layers:
+            x = layer(x, ctx)
+        return x

@@ -15,19 +15,26 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
     return gen
 
 
+def probabilities(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """The distribution sampling draws from: ``softmax(logits / temperature)`` restricted to the smallest set of
+    most likely tokens whose mass reaches ``top_p`` (not renormalised; ``multinomial`` does not need it).
+    ``temperature`` must be > 0. ``[..., V]`` -> ``[..., V]``."""
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
+        sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)  # keep the smallest set reaching top_p
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return probs
+
+
 def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator,
            with_logprobs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``logits`` float32 ``[B, V]`` -> (tokens int64 ``[B]``, logprobs float32 ``[B]`` or None)."""
     if temperature == 0.0:
         tokens = logits.argmax(dim=-1)
     else:
-        probs = torch.softmax(logits / temperature, dim=-1)
-        if top_p < 1.0:
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
-            sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)  # keep the smallest set reaching top_p
-            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        tokens = torch.multinomial(probabilities(logits, temperature, top_p), 1, generator=generator).squeeze(-1)
     if not with_logprobs:
         return tokens, None
     return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)

@@ -28,6 +28,12 @@ class ForwardOutput:
     hidden: torch.Tensor  # [B, S, hidden]: the last decoder layer's output before the final norm (MTP input)
 
 
+@dataclass(frozen=True)
+class DraftOutput:
+    logits: torch.Tensor  # float32 [B, vocab]: at column ``cols[b]`` of each row
+    hidden: torch.Tensor  # [B, hidden]: the MTP head's output (before its norm) at that column (chained input)
+
+
 class DecoderModel(nn.Module):
     """HF's ``model.*`` part: ``embed_tokens``, ``layers``, ``norm``."""
 
@@ -71,3 +77,19 @@ class Transformer(nn.Module):
         for layer in self.model.layers:
             x = layer(x, ctx)
         return ForwardOutput(self.lm_head(self.model.norm(x)).float(), x)
+
+    @torch.inference_mode()
+    def draft(self, tokens: torch.Tensor, hidden: torch.Tensor, start: np.ndarray, pool: KvCachePool,
+              backend: AttentionBackend, cols: np.ndarray | None = None) -> DraftOutput:
+        """One MTP step over the active rows of the MTP ``pool``: ``tokens`` int64 ``[B, S]`` are the next tokens
+        and ``hidden`` ``[B, S, D]`` the hidden states of MTP positions ``start[b] + [0, S)``; their K/V are
+        written. Returns logits and head output at column ``cols[b]`` of each row (default: the last), so padded
+        columns after a row's real ones are never read. RuntimeError without an MTP head."""
+        if self.mtp is None:
+            raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0); it cannot draft")
+        ctx = self.context(pool, backend, start, tokens.shape[1])
+        x = self.mtp(self.model.embed_tokens(tokens), hidden, ctx)
+        rows = torch.arange(x.shape[0], device=x.device)
+        at = torch.full_like(rows, x.shape[1] - 1) if cols is None else torch.from_numpy(cols).to(x.device)
+        last = x[rows, at]  # [B, D]
+        return DraftOutput(self.lm_head(self.mtp.norm(last)).float(), last)

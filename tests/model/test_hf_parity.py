@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from smile_llm.model import language_model
+from smile_llm.model import decoder, language_model
 from smile_llm.model.tokenizer import HFTokenizer
 
 from .conftest import FAMILIES, GEN_LEN, LONG_PROMPT, PROMPT, assert_clean, expected_greedy, max_abs
@@ -126,7 +126,7 @@ def test_chunked_prefill_gives_same_tokens(zoo, family, monkeypatch):
     lm = hf.load()
     want, reason = expected_greedy(hf, LONG_PROMPT, GEN_LEN)
     plain = lm.generate(LONG_PROMPT, GEN_LEN, logprobs=True)
-    monkeypatch.setattr(language_model, "PREFILL_CHUNK", 7)
+    monkeypatch.setattr(decoder, "PREFILL_CHUNK", 7)
     lm2 = hf.load()
     chunked = lm2.generate(LONG_PROMPT, GEN_LEN, logprobs=True)
     assert chunked.tokens == plain.tokens == want

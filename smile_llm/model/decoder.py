@@ -1,0 +1,121 @@
+"""Decoder: the forward passes of generation over sequences bound in the model's pool(s).
+
+``prefill`` (one request's prompt, in chunks), ``decode`` (one plain step for a ragged batch) and ``speculate``
+(one speculative round for a ragged batch: MTP drafts, one verify forward over each row's window
+``[last, d_0..d_{n-1}]``, acceptance, ``truncate_to`` so rejected positions are neither attended nor inserted)
+are used alike by ``LanguageModel.generate`` (one sequence) and the engine (many). Every forward's hidden states
+feed the sequence's MTP history, so drafting stays possible after any mix of steps.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from .drafter import MtpDrafter
+from .sampling import probabilities, sample
+from .sequence import Sequence
+from .speculative import AcceptResult, accept_greedy, accept_rejection
+from .transformer import Transformer
+
+PREFILL_CHUNK = 512  # prompt tokens per forward: bounds activation memory on long prompts
+
+
+class Decoder:
+    def __init__(self, transformer: Transformer, pool, backend, drafter: MtpDrafter | None) -> None:  # type: ignore[no-untyped-def]
+        self.transformer, self.pool, self.backend, self.drafter = transformer, pool, backend, drafter
+
+    def _activate(self, seqs: list[Sequence]) -> None:
+        self.pool.activate_step(*[s.request_id for s in seqs])
+
+    # ------------------------------------------------------------------ prefill
+    def prefill(self, seq: Sequence, max_tokens: int | None = None) -> bool:
+        """Prefill up to ``max_tokens`` (default: all) of the prompt positions not yet written, in chunks of at
+        most PREFILL_CHUNK; True once the whole prompt is written (``seq.logits`` then predict the first token)."""
+        end = len(seq.prompt) if max_tokens is None else min(len(seq.prompt), seq.prefilled + max_tokens)
+        while seq.prefilled < end:
+            start, stop = seq.prefilled, min(end, seq.prefilled + PREFILL_CHUNK)
+            self._activate([seq])
+            x = torch.tensor([seq.prompt[start:stop]], dtype=torch.int64, device=self.pool.device)
+            out = self.transformer(x, np.array([start], dtype=np.int64), self.pool, self.backend)
+            seq.logits = out.logits[:, -1]
+            seq.forwards += 1
+            seq.prefill_forwards += 1
+            seq.prefilled = stop
+            if self.drafter is not None and seq.history is not None:
+                self.drafter.extend(seq, out.hidden[0], start)
+                self.drafter.absorb_known(seq)
+        seq.prefill_s = time.perf_counter() - seq.t0
+        return seq.prefilled == len(seq.prompt)
+
+    # ------------------------------------------------------------------ one step for a batch
+    def step(self, seqs: list[Sequence]) -> None:
+        """Advance every sequence by one forward: rows that can draft speculate (grouped by draft budget, one
+        round per group), the others take a plain step together."""
+        groups: dict[int, list[Sequence]] = {}
+        plain = []
+        for s in seqs:
+            n = s.draft_budget() if self.drafter is not None else 0
+            if n >= 1 and self.drafter is not None and self.drafter.ready(s):
+                groups.setdefault(n, []).append(s)
+            else:
+                plain.append(s)
+        for n, group in sorted(groups.items()):
+            self.speculate(group, n)
+        if plain:
+            self.decode(plain)
+
+    # ------------------------------------------------------------------ plain step
+    def decode(self, seqs: list[Sequence]) -> None:
+        """One plain step for every sequence: forward its last token, then sample and append the next one."""
+        self._activate(seqs)
+        tokens = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64, device=self.pool.device)
+        start = np.array([s.last_pos for s in seqs], dtype=np.int64)
+        out = self.transformer(tokens, start, self.pool, self.backend)
+        for b, seq in enumerate(seqs):
+            seq.logits = out.logits[b : b + 1, -1]
+            seq.forwards += 1
+            if self.drafter is not None and seq.history is not None:
+                self.drafter.extend(seq, out.hidden[b], int(start[b]))
+            seq.take_next()
+
+    # ------------------------------------------------------------------ speculative round
+    def speculate(self, seqs: list[Sequence], n: int) -> list[AcceptResult]:
+        """One round of ``n`` drafts for every sequence (each ``drafter.ready`` with ``draft_budget() >= n``):
+        propose, verify all windows in one forward, accept per row, seal the accepted KV and append the tokens."""
+        assert self.drafter is not None and n >= 1
+        drafts, draft_probs = self.drafter.propose(seqs, n)
+        self._activate(seqs)
+        last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64, device=self.pool.device)
+        start = np.array([s.last_pos for s in seqs], dtype=np.int64)
+        out = self.transformer(torch.cat([last, drafts], dim=1), start, self.pool, self.backend)
+        results = [self._accept(seq, drafts[b], None if draft_probs is None else draft_probs[b], out.logits[b])
+                   for b, seq in enumerate(seqs)]
+        kept = np.array([r.num_accepted for r in results], dtype=np.int64)
+        self.pool.truncate_to(start + 1 + kept, start + n + 1)  # KV of the window's kept positions stays
+        for b, (seq, res) in enumerate(zip(seqs, results)):
+            seq.forwards += 1
+            seq.rounds += 1
+            seq.proposed += n
+            seq.accepted += res.num_accepted
+            seq.accept_lengths[res.num_tokens] += 1
+            self.drafter.commit(seq, out.hidden[b, : res.num_tokens])
+            logp = torch.log_softmax(out.logits[b], dim=-1) if seq.logprobs is not None else None
+            for j, token in enumerate(res.tokens):
+                if seq.push(token, None if logp is None else float(logp[j, token])):
+                    break
+        return results
+
+    @staticmethod
+    def _accept(seq: Sequence, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
+                logits: torch.Tensor) -> AcceptResult:
+        """Greedy drafts: compare with the target's samples at every window position (``accept_greedy``);
+        sampled drafts: rejection sampling against the target's distributions."""
+        d = drafts.tolist()
+        if seq.temperature > 0 and seq.draft_sampling == "sample" and draft_probs is not None:
+            p = probabilities(logits, seq.temperature, seq.top_p)
+            return accept_rejection(d, draft_probs, p, seq.generator)
+        targets, _ = sample(logits, seq.temperature, seq.top_p, seq.generator, with_logprobs=False)
+        return accept_greedy(d, targets.tolist())

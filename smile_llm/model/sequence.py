@@ -1,0 +1,178 @@
+"""Sequence: the state of one request being generated, shared by ``generate()`` and the engine.
+
+It holds the prompt and the tokens so far, sampling settings and generator, stop detection (ids and strings),
+streaming to a listener, logprobs, the MTP draft history, and the counters that become ``Completion.stats``.
+Positions: the prompt occupies ``[0, P)``, generated token i sits at ``P + i``; the last token's KV is written by
+the next forward, so the main pool holds KV for ``[0, last_pos)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .listener import notify
+from .sampling import make_generator, sample
+from .tokenizer import StreamDecoder
+
+if TYPE_CHECKING:
+    from .language_model import Completion, LanguageModel
+
+
+@dataclass
+class MtpHistory:
+    """A request's MTP draft KV: MTP position i (main position i, pool position ``i - offset``) holds the head's K/V
+    for (token i+1, hidden h_i). Positions ``[offset, filled)`` are in the history pool; ``pending`` holds the
+    hidden rows of ``[filled, filled + len)`` whose next tokens are known only once ``last_pos`` is reached.
+    ``offset`` is the matched prefix length: the draft never reads positions it has not computed."""
+
+    request_id: int  # the binding in the history pool
+    offset: int
+    filled: int
+    pending: list[torch.Tensor] = field(default_factory=list)  # [rows_i, D] chunks, in position order
+
+    @property
+    def pending_rows(self) -> int:
+        return sum(int(h.shape[0]) for h in self.pending)
+
+
+class Sequence:
+    """One request: tokens, sampling, stops, streaming, logprobs, draft history and stats."""
+
+    def __init__(self, model: LanguageModel, prompt: list[int], matched: int, *, limit: int,
+                 temperature: float = 0.0, top_p: float = 1.0, logprobs: bool = False, seed: int = 0,
+                 listener: Any = None, stop_ids: set[int] | None = None, stop_texts: list[str] | None = None,
+                 speculative_tokens: int = 0, draft_sampling: str = "greedy", request_id: int = 0,
+                 capacity: int = 0) -> None:
+        self.model, self.prompt, self.matched = model, prompt, matched
+        self.limit = limit  # most new tokens
+        self.capacity = capacity  # the bound KV capacity: positions stay below it
+        self.request_id = request_id
+        self.temperature, self.top_p = float(temperature), float(top_p)
+        self.generator = make_generator(seed, model.pool.device)
+        self.listener = listener
+        self.stop_ids, self.stop_texts = stop_ids or set(), stop_texts or []
+        self.speculative_tokens, self.draft_sampling = speculative_tokens, draft_sampling
+        self.history: MtpHistory | None = None
+        self.tokens: list[int] = []
+        self.logprobs: list[float] | None = [] if logprobs else None
+        self.finished = False
+        self.finish_reason = "length"
+        self.stream = StreamDecoder(model.tokenizer)
+        self.text = ""  # text of the generated tokens, up to any stop string
+        self.cut = False  # a stop string ended the text
+        self.sent = 0  # characters of ``text`` already given to on_text
+        self.logits: torch.Tensor | None = None  # [1, V]: the last forward's logits at last_pos - 1
+        self.prefilled = matched  # prompt positions whose KV is written
+        self.t0 = time.perf_counter()
+        self.prefill_s = 0.0
+        self.forwards = 0
+        self.prefill_forwards = 0
+        self.rounds = self.proposed = self.accepted = 0
+        self.accept_lengths: Counter[int] = Counter()  # tokens per speculative round -> rounds
+
+    # ------------------------------------------------------------------ positions
+    def token_at(self, pos: int) -> int:
+        p = len(self.prompt)
+        return self.prompt[pos] if pos < p else self.tokens[pos - p]
+
+    def tokens_between(self, start: int, end: int) -> list[int]:
+        """Tokens at positions ``[start, end)``."""
+        return self.prompt[start:end] if end <= len(self.prompt) else (self.prompt + self.tokens)[start:end]
+
+    @property
+    def last_pos(self) -> int:
+        """Position of the last token (the next forward writes its KV)."""
+        return len(self.prompt) + len(self.tokens) - 1
+
+    @property
+    def remaining(self) -> int:
+        """Tokens this sequence may still produce (its limit and its bound capacity)."""
+        if self.finished:
+            return 0
+        return max(0, min(self.limit - len(self.tokens), self.capacity - len(self.prompt) - len(self.tokens)))
+
+    def draft_budget(self) -> int:
+        """Drafts the next round may propose: the window ``[last, d_0..d_{n-1}]`` plus the bonus fit the budget."""
+        if self.history is None or not self.tokens:
+            return 0
+        return max(0, min(self.speculative_tokens, self.remaining - 1))
+
+    # ------------------------------------------------------------------ tokens
+    def take_next(self) -> bool:
+        """Sample the next token from the last logits and append it; True when the sequence has finished."""
+        assert self.logits is not None
+        token_t, logprob_t = sample(self.logits, self.temperature, self.top_p, self.generator,
+                                    with_logprobs=self.logprobs is not None)
+        return self.push(int(token_t[0]), float(logprob_t[0]) if logprob_t is not None else None)
+
+    def push(self, token: int, logprob: float | None = None) -> bool:
+        """Append ``token`` (stream it, check stops and the limit); True when the sequence has finished."""
+        if token in self.stop_ids:
+            self.finish_reason = "stop"
+            return self._finish()
+        self.tokens.append(token)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
+        notify(self.listener, "on_generated_tokens", 1)
+        chunk = self.stream.push(token)
+        self.text += chunk
+        for s in self.stop_texts:
+            at = self.text.find(s, max(0, len(self.text) - len(chunk) - len(s) + 1))  # only where it can be new
+            if at >= 0:
+                self.text = self.text[:at]
+                self.cut = True
+                self.finish_reason = "stop"
+                return self._finish()
+        self._flush(hold=max((len(s) - 1 for s in self.stop_texts), default=0))
+        if self.remaining == 0:
+            return self._finish()
+        return False
+
+    def _finish(self) -> bool:
+        self.finished = True
+        self._flush()
+        return True
+
+    def _flush(self, hold: int = 0) -> None:
+        """Give ``on_text`` the new text, holding back the last ``hold`` characters (a stop string may start)."""
+        end = max(self.sent, len(self.text) - hold)
+        if end > self.sent:
+            notify(self.listener, "on_text", self.text[self.sent : end])
+            self.sent = end
+
+    # ------------------------------------------------------------------ result
+    def stats(self) -> dict[str, Any]:
+        elapsed = time.perf_counter() - self.t0
+        decode_s = max(elapsed - self.prefill_s, 1e-9)
+        n = len(self.tokens)
+        return {
+            "prompt_tokens": len(self.prompt),
+            "cached_tokens": self.matched,
+            "generated_tokens": n,
+            "forwards": self.forwards,
+            "speculative_rounds": self.rounds,
+            "proposed_drafts": self.proposed,
+            "accepted_drafts": self.accepted,
+            "mean_accepted_length": (sum(k * v for k, v in self.accept_lengths.items()) / self.rounds
+                                     if self.rounds else 0.0),
+            "accept_length_histogram": dict(sorted(self.accept_lengths.items())),
+            # decode forwards per token after the first (which the prefill produces): 1.0 for plain decoding
+            "target_forwards_per_token": (self.forwards - self.prefill_forwards) / (n - 1) if n > 1 else 0.0,
+            "prefill_s": self.prefill_s,
+            "decode_s": decode_s,
+            "tokens_per_s": max(n - 1, 0) / decode_s,
+        }
+
+    def completion(self) -> Completion:
+        from .language_model import Completion
+
+        if not self.cut:
+            self.text += self.stream.finish()
+        self._flush()
+        return Completion(self.text, list(self.prompt), list(self.tokens), self.finish_reason, self.logprobs,
+                          self.stats())
