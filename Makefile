@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(PY) -m smile_llm demo
 
 test: $(STAMP)
-	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/model
+	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/model smile_llm/engine
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
@@ -30,7 +30,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/reference_attention.py
 
 typecheck: $(STAMP)
-	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/model
+	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/model smile_llm/engine
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache

@@ -1,0 +1,263 @@
+"""InferenceEngine: continuous batching gives each request exactly its solo output; queueing, aborts, shutdown,
+listeners, chunked prefill and failures never leak KV pages."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from smile_llm import GenerationCancelled, KvCacheExhaustedError, LanguageModel
+from smile_llm.engine import EngineShutdownError, InferenceEngine, SamplingParams
+
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "# a comment\n" * 6,
+    "x = 1\n",
+    "    for i in range(10):\n        if i % 2 == 0:\n",
+    "def main(argv=None):\n    parser = argparse.ArgumentParser()\n",
+]
+LENGTHS = [40, 25, 60, 15, 50, 33, 45]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    model = LanguageModel.default(max_batch_size=8, max_seq_len=256)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def solo(lm):
+    """Each prompt alone through generate(), plain greedy."""
+    return [lm.generate(p, n, speculative_tokens=0).tokens for p, n in zip(PROMPTS, LENGTHS)]
+
+
+def assert_no_leak(lm):
+    lm.pool.check_invariants()
+    assert lm.pool.bound_request_count == 0
+    assert lm.drafter.pool.bound_request_count == 0
+    lm.drafter.pool.check_invariants()
+    assert lm.pool.free_pages + lm.pool.radix.total_size() // lm.pool.page_size == lm.pool.num_slots // lm.pool.page_size
+
+
+@pytest.mark.parametrize("spec", [0, None, 2])
+def test_concurrent_requests_match_their_solo_output(lm, solo, spec):
+    with InferenceEngine(lm, max_batch_size=4) as engine:
+        handles: list = [None] * len(PROMPTS)
+
+        def submit(i):
+            handles[i] = engine.submit(PROMPTS[i], SamplingParams(max_new_tokens=LENGTHS[i], speculative_tokens=spec))
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(PROMPTS))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        results = [h.result(timeout=120) for h in handles]
+    for i, r in enumerate(results):
+        assert r.tokens == solo[i], f"request {i} differs from its solo output"
+        assert r.finish_reason == "length"
+        assert (r.stats["speculative_rounds"] > 0) == (spec != 0)
+    assert_no_leak(lm)
+
+
+def test_manual_stepping_and_batches_of_different_positions(lm, solo):
+    engine = InferenceEngine(lm, max_batch_size=8, start=False)
+    handles = [engine.submit(p, SamplingParams(max_new_tokens=n)) for p, n in zip(PROMPTS, LENGTHS)]
+    assert engine.num_waiting == len(PROMPTS) and engine.num_running == 0
+    while engine.step():
+        assert engine.num_running <= 8
+        lm.pool.check_invariants()
+    assert [h.result(0).tokens for h in handles] == solo
+    engine.shutdown()
+    assert_no_leak(lm)
+
+
+def test_requests_wait_for_pages_and_one_that_never_fits_fails():
+    lm = LanguageModel.default(max_batch_size=2, max_seq_len=128)  # 256 slots: two requests of 128 at a time
+    try:
+        engine = InferenceEngine(lm, max_batch_size=8, start=False)
+        fits = [engine.submit(p, SamplingParams(max_new_tokens=60)) for p in PROMPTS[:4]]
+        running_max = 0
+        while engine.step():
+            running_max = max(running_max, engine.num_running)
+            lm.pool.check_invariants()
+        assert running_max == 2  # the others stayed queued until pages were freed
+        assert all(h.result(0).tokens for h in fits)
+        too_big = engine.submit(list(range(40, 100)) * 4, SamplingParams(max_new_tokens=10))  # 250 tokens, 1 page free
+        too_big_ok = engine.submit("x", SamplingParams(max_new_tokens=10))
+        lm.pool.check_invariants()
+        # 240 prompt tokens + 10 fit 256 slots only when nothing else is bound; the second waits behind it
+        while engine.step():
+            pass
+        assert too_big.result(0).tokens and too_big_ok.result(0).tokens
+        huge = engine.submit(list(range(40, 100)) * 5, SamplingParams(max_new_tokens=0))  # 300 > max_seq_len
+        pytest.fail(f"expected ValueError, got {huge}")
+    except ValueError as exc:
+        assert "max_seq_len" in str(exc)
+    finally:
+        lm.close()
+
+
+def test_a_request_larger_than_the_pool_fails_with_kv_exhausted():
+    lm = LanguageModel.default(max_batch_size=1, max_seq_len=512)
+    lm.max_seq_len = 1024  # allow a request the pool (512 slots) can never hold
+    try:
+        engine = InferenceEngine(lm, start=False)
+        h = engine.submit("abc", SamplingParams(max_new_tokens=900))
+        engine.step()
+        with pytest.raises(KvCacheExhaustedError):
+            h.result(0)
+        assert lm.pool.bound_request_count == 0
+        engine.shutdown()
+    finally:
+        lm.close()
+
+
+def test_cancel_frees_pages_at_once(lm):
+    with InferenceEngine(lm, max_batch_size=2) as engine:
+        free_before = lm.pool.free_pages + lm.pool.radix.evictable_size // lm.pool.page_size
+        long = [engine.submit(p, SamplingParams(max_new_tokens=200)) for p in PROMPTS[:3]]
+        deadline = time.time() + 30
+        while engine.num_running < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        assert long[0].cancel() and long[1].cancel() and long[2].cancel()  # two running, one queued
+        for h in long:
+            with pytest.raises(GenerationCancelled):
+                h.result(0)
+        assert not long[0].cancel()  # already done
+        assert lm.pool.bound_request_count == 0  # evicted when cancel() returned
+        assert lm.pool.free_pages + lm.pool.radix.evictable_size // lm.pool.page_size == free_before
+    assert_no_leak(lm)
+
+
+def test_cancel_from_a_listener_on_the_engine_thread(lm):
+    class StopAfter:
+        def __init__(self):
+            self.n = 0
+            self.handle = None
+
+        def on_generated_tokens(self, n):
+            self.n += n
+            if self.n >= 5:
+                self.handle.cancel()
+
+    listener = StopAfter()
+    with InferenceEngine(lm) as engine:
+        listener.handle = engine.submit(PROMPTS[0], SamplingParams(max_new_tokens=100, speculative_tokens=0),
+                                        listener)
+        with pytest.raises(GenerationCancelled):
+            listener.handle.result(30)
+    assert listener.n < 10
+    assert_no_leak(lm)
+
+
+def test_listener_events_in_order_and_text_equals_completion(lm):
+    events = []
+
+    class Rec:
+        def on_input_tokens(self, n):
+            events.append(("in", n))
+
+        def on_cached_input_tokens(self, n):
+            events.append(("cached", n))
+
+        def on_generated_tokens(self, n):
+            events.append(("gen", n))
+
+        def on_text(self, s):
+            assert s
+            events.append(("text", s))
+
+    with InferenceEngine(lm) as engine:
+        c = engine.generate(PROMPTS[2], SamplingParams(max_new_tokens=30), Rec())
+    assert events[0] == ("in", len(lm.encode(PROMPTS[2])))
+    assert events[1][0] == "cached"
+    assert sum(n for kind, n in events if kind == "gen") == len(c.tokens) == 30
+    assert "".join(s for kind, s in events if kind == "text") == c.text
+
+
+def test_chunked_prefill_across_steps_gives_the_same_tokens(lm, solo):
+    engine = InferenceEngine(lm, max_batch_size=4, prefill_tokens_per_step=7, start=False)
+    handles = [engine.submit(p, SamplingParams(max_new_tokens=n)) for p, n in zip(PROMPTS[:4], LENGTHS[:4])]
+    steps = 0
+    while engine.step():
+        steps += 1
+    assert [h.result(0).tokens for h in handles] == solo[:4]
+    engine.shutdown()
+    assert_no_leak(lm)
+
+
+def test_zero_new_tokens_and_stop_strings(lm, solo):
+    with InferenceEngine(lm) as engine:
+        empty = engine.submit("abc", SamplingParams(max_new_tokens=0)).result(30)
+        assert empty.tokens == [] and empty.finish_reason == "length"
+        text = lm.tokenizer.decode(solo[0])
+        stop = text[10:13]
+        c = engine.generate(PROMPTS[0], SamplingParams(max_new_tokens=LENGTHS[0], stop=stop))
+        assert c.finish_reason == "stop" and c.text == text[: text.find(stop)]
+    assert_no_leak(lm)
+
+
+def test_bad_input_is_refused_at_submit_and_generate_is_locked_while_serving(lm):
+    with InferenceEngine(lm) as engine:
+        for bad in (SamplingParams(temperature=-1), SamplingParams(top_p=0), SamplingParams(max_new_tokens=-1),
+                    SamplingParams(speculative_tokens=-2), SamplingParams(draft_sampling="beam")):
+            with pytest.raises(ValueError):
+                engine.submit("abc", bad)
+        with pytest.raises(ValueError):
+            engine.submit([300], SamplingParams())
+        with pytest.raises(RuntimeError, match="InferenceEngine"):
+            lm.generate("abc", 3)
+        with pytest.raises(RuntimeError, match="already serves"):
+            InferenceEngine(lm)
+    assert lm.serving_engine is None
+    assert len(lm.generate("abc", 3).tokens) == 3
+    with pytest.raises(EngineShutdownError):
+        engine.submit("abc")
+    with pytest.raises(ValueError):
+        InferenceEngine(lm, max_batch_size=0)
+
+
+def test_shutdown_cancel_pending_releases_everything(lm):
+    engine = InferenceEngine(lm, max_batch_size=2)
+    handles = [engine.submit(p, SamplingParams(max_new_tokens=150)) for p in PROMPTS]
+    time.sleep(0.2)
+    engine.shutdown(cancel_pending=True)
+    for h in handles:
+        assert h.done()
+        err = h.exception(0)
+        assert err is None or isinstance(err, GenerationCancelled)
+    assert any(isinstance(h.exception(0), GenerationCancelled) for h in handles)
+    assert_no_leak(lm)
+
+
+def test_a_failing_forward_evicts_its_rows_and_the_engine_keeps_serving(lm, solo, monkeypatch):
+    engine = InferenceEngine(lm, start=False)
+    calls = {"n": 0}
+    real_step = lm.decoder.step
+
+    def flaky(seqs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated device error")
+        return real_step(seqs)
+
+    monkeypatch.setattr(lm.decoder, "step", flaky)
+    bad = engine.submit(PROMPTS[0], SamplingParams(max_new_tokens=40))
+    while engine.step():
+        pass
+    with pytest.raises(RuntimeError, match="simulated"):
+        bad.result(0)
+    lm.pool.check_invariants()
+    assert lm.pool.bound_request_count == 0
+    good = engine.submit(PROMPTS[0], SamplingParams(max_new_tokens=LENGTHS[0]))
+    while engine.step():
+        pass
+    assert good.result(0).tokens == solo[0]
+    engine.shutdown()
+    assert_no_leak(lm)
