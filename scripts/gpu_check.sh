@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The prepared GPU check: FlashInfer against the pure-PyTorch reference, and CUDA-graph capture and replay
-# (every test marked `cuda`, today tests/attention/test_flashinfer_cuda.py). One short call on a GPU machine:
+# (every test marked `cuda`: tests/attention/test_flashinfer_cuda.py and tests/engine/test_graphs_cuda.py, the
+# decode and verify graph runners). One short call on a GPU machine:
 #
 #   bash scripts/gpu_check.sh                  on the GPU machine (from any folder of the repo)
 #   bash scripts/gpu_check.sh --fetch-wheels   where PyPI is reachable: saves flashinfer-python and apache-tvm-ffi

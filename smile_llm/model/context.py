@@ -14,6 +14,15 @@ from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
 
 
+def rope_tables(start: np.ndarray, seqlen: int, inv_freq: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``[B, S, 1, head_dim]`` of positions ``start[b] + [0, S)``."""
+    positions = torch.from_numpy(start[:, None] + np.arange(seqlen)).to(inv_freq.device).float()  # [B, S]
+    freqs = positions[..., None] * inv_freq  # [B, S, head_dim / 2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, S, 1, head_dim]
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 class ForwardContext:
     def __init__(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
                  inv_freq: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -33,11 +42,23 @@ class ForwardContext:
             qo_indptr = torch.arange(0, (self.batch + 1) * seqlen, seqlen, dtype=torch.int32, device=pool.device)
         backend.plan(meta, num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      qo_indptr=qo_indptr, causal=True, q_dtype=dtype, kv_dtype=pool.dtype)
-        positions = torch.from_numpy(start[:, None] + np.arange(seqlen)).to(inv_freq.device).float()  # [B, S]
-        freqs = positions[..., None] * inv_freq  # [B, S, head_dim / 2]
-        emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, S, 1, head_dim]
-        self.cos, self.sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        self.cos, self.sin = rope_tables(start, seqlen, inv_freq, dtype)
         self.k_scale, self.v_scale = pool.k_scale, pool.v_scale
+
+    @classmethod
+    def prepared(cls, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
+                 cos: torch.Tensor, sin: torch.Tensor, num_kv_heads: int, head_dim: int) -> ForwardContext:
+        """A context over a backend the caller planned and RoPE tables it owns (static buffers of a CUDA graph);
+        builds no CSR and plans nothing."""
+        ctx = cls.__new__(cls)
+        ctx.pool, ctx.backend, ctx.start = pool, backend, start
+        ctx.batch, ctx.seqlen = len(start), seqlen
+        ctx.page_size = pool.page_size
+        ctx.num_kv_heads, ctx.head_dim = num_kv_heads, head_dim
+        ctx.put_start = int(start[0]) if (start == start[0]).all() else start
+        ctx.cos, ctx.sin = cos, sin
+        ctx.k_scale, ctx.v_scale = pool.k_scale, pool.v_scale
+        return ctx
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write this window's K/V into ``layer`` of the pool, then attend over the row's cache: ``[B*S, H, D]``."""

@@ -10,22 +10,42 @@ feed the sequence's MTP history, so drafting stays possible after any mix of ste
 from __future__ import annotations
 
 import time
+from typing import Any, cast
 
 import numpy as np
 import torch
+
+from ..attention.backend import AttentionBackend
+from ..cache import KvCachePool
 
 from .drafter import MtpDrafter
 from .sampling import probabilities, sample
 from .sequence import Sequence
 from .speculative import AcceptResult, accept_greedy, accept_rejection
-from .transformer import Transformer
+from .transformer import ForwardOutput, Transformer
 
 PREFILL_CHUNK = 512  # prompt tokens per forward: bounds activation memory on long prompts
 
 
 class Decoder:
-    def __init__(self, transformer: Transformer, pool, backend, drafter: MtpDrafter | None) -> None:  # type: ignore[no-untyped-def]
+    """``decode_graphs`` / ``verify_graphs`` (CUDA only, see ``smile_llm.engine.graphs``) replay captured forwards
+    for eligible batches; everything else runs eagerly."""
+
+    def __init__(self, transformer: Transformer, pool: KvCachePool, backend: AttentionBackend,
+                 drafter: MtpDrafter | None, decode_graphs: Any = None, verify_graphs: Any = None) -> None:
         self.transformer, self.pool, self.backend, self.drafter = transformer, pool, backend, drafter
+        self.decode_graphs, self.verify_graphs = decode_graphs, verify_graphs
+
+    def _forward(self, tokens: torch.Tensor, start: np.ndarray, graphs: Any, use_graph: bool) -> ForwardOutput:
+        """The target forward of the active rows, replayed from a CUDA graph when ``use_graph``; a failed capture
+        turns the runner off and the step runs eagerly."""
+        if use_graph:
+            try:
+                return cast(ForwardOutput, graphs.forward(tokens, start))
+            except Exception:
+                if graphs.enabled:
+                    raise
+        return self.transformer(tokens, start, self.pool, self.backend)
 
     def _activate(self, seqs: list[Sequence]) -> None:
         self.pool.activate_step(*[s.request_id for s in seqs])
@@ -64,16 +84,17 @@ class Decoder:
                 plain.append(s)
         for n, group in sorted(groups.items()):
             self.speculate(group, n)
-        if plain:
-            self.decode(plain)
+        if plain:  # eager while rows speculate: their seals keep moving the step CSR a decode graph reads
+            self.decode(plain, allow_graph=not groups)
 
     # ------------------------------------------------------------------ plain step
-    def decode(self, seqs: list[Sequence]) -> None:
+    def decode(self, seqs: list[Sequence], allow_graph: bool = True) -> None:
         """One plain step for every sequence: forward its last token, then sample and append the next one."""
         self._activate(seqs)
         tokens = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64, device=self.pool.device)
         start = np.array([s.last_pos for s in seqs], dtype=np.int64)
-        out = self.transformer(tokens, start, self.pool, self.backend)
+        graphs = self.decode_graphs
+        out = self._forward(tokens, start, graphs, allow_graph and graphs is not None and graphs.eligible(start))
         for b, seq in enumerate(seqs):
             seq.logits = out.logits[b : b + 1, -1]
             seq.forwards += 1
@@ -90,7 +111,9 @@ class Decoder:
         self._activate(seqs)
         last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64, device=self.pool.device)
         start = np.array([s.last_pos for s in seqs], dtype=np.int64)
-        out = self.transformer(torch.cat([last, drafts], dim=1), start, self.pool, self.backend)
+        graphs = self.verify_graphs
+        out = self._forward(torch.cat([last, drafts], dim=1), start, graphs,
+                            graphs is not None and graphs.eligible(len(seqs)))
         results = [self._accept(seq, drafts[b], None if draft_probs is None else draft_probs[b], out.logits[b])
                    for b, seq in enumerate(seqs)]
         kept = np.array([r.num_accepted for r in results], dtype=np.int64)

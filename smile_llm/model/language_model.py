@@ -50,7 +50,7 @@ class LanguageModel:
     """A causal LM served from a static paged KV pool with prefix reuse."""
 
     def __init__(self, config: ModelConfig, transformer: Transformer, tokenizer: Tokenizer, pool: KvCachePool,
-                 backend: AttentionBackend, max_seq_len: int | None = None) -> None:
+                 backend: AttentionBackend, max_seq_len: int | None = None, *, cuda_graphs: bool = True) -> None:
         self.config, self.transformer, self.tokenizer = config, transformer, tokenizer
         self.pool, self.backend = pool, backend
         self.max_seq_len = max_seq_len or pool.num_slots  # longest prompt + completion of one request
@@ -65,15 +65,23 @@ class LanguageModel:
             except RuntimeError:
                 pass  # too little memory for the draft history: decode without speculation
         self.decoder = Decoder(transformer, pool, backend, self.drafter)
+        if cuda_graphs and pool.device.type == "cuda":
+            from ..engine.graphs import DecodeGraphRunner, VerifyGraphRunner, cuda_graphs_supported
+
+            if cuda_graphs_supported(pool):
+                self.decoder.decode_graphs = DecodeGraphRunner(transformer, pool)
+                self.decoder.verify_graphs = VerifyGraphRunner(transformer, pool)
         self.serving_engine: Any = None  # set while an InferenceEngine serves this model
 
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                         mem_fraction: float | None = None, page_size: int = 16, *, max_batch_size: int = 4,
-                        max_seq_len: int | None = None) -> LanguageModel:
+                        max_seq_len: int | None = None, cuda_graphs: bool = True) -> LanguageModel:
         """Load ``config.json``, ``*.safetensors`` (sharded too) and the tokenizer from ``path``; size a KV pool
-        for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's context, at most 4096)."""
+        for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's context, at most 4096).
+        ``cuda_graphs``: replay decode and verify forwards from CUDA graphs on CUDA with FlashInfer (no effect
+        elsewhere; ``SMILE_CUDA_GRAPHS=0`` also turns them off)."""
         folder = Path(path)
         config = ModelConfig.from_pretrained(folder)
         device = torch.device(device)
@@ -87,7 +95,7 @@ class LanguageModel:
         layout = KvCacheLayout(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
                                max_batch_size, seq)
         pool = KvCachePool.allocate(layout, device, dtype, mem_fraction or 0.85, page_size)
-        return cls(config, transformer, tokenizer, pool, select_backend(device), seq)
+        return cls(config, transformer, tokenizer, pool, select_backend(device), seq, cuda_graphs=cuda_graphs)
 
     @classmethod
     def default(cls, **kwargs: Any) -> LanguageModel:

@@ -72,7 +72,10 @@ class Transformer(nn.Module):
     def forward(self, tokens: torch.Tensor, start: np.ndarray, pool: KvCachePool,
                 backend: AttentionBackend) -> ForwardOutput:
         """``tokens`` int64 ``[B, S]`` for the pool's active rows at positions ``start[b] + [0, S)``."""
-        ctx = self.context(pool, backend, start, tokens.shape[1])
+        return self.run(tokens, self.context(pool, backend, start, tokens.shape[1]))
+
+    def run(self, tokens: torch.Tensor, ctx: ForwardContext) -> ForwardOutput:
+        """The forward over a prepared context (CUDA-graph runners capture this with static buffers)."""
         x = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
             x = layer(x, ctx)
