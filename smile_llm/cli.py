@@ -25,6 +25,10 @@ def _print_stats(completion: Any) -> None:
     s = completion.stats
     print(f"\n[{s['prompt_tokens']} prompt tokens, {s['cached_tokens']} cached, {s['generated_tokens']} generated, "
           f"{s['tokens_per_s']:.1f} tokens/s, finish: {completion.finish_reason}]")
+    if s["speculative_rounds"]:
+        print(f"[speculative: {s['speculative_rounds']} rounds, {s['accepted_drafts']}/{s['proposed_drafts']} drafts "
+              f"accepted, {s['mean_accepted_length']:.2f} tokens per round, "
+              f"{s['target_forwards_per_token']:.2f} target forwards per token]")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -32,7 +36,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")  # the shell passes \n literally
     try:
         completion = lm.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                                 seed=args.seed, listener=_Printer())
+                                 seed=args.seed, listener=_Printer(), speculative_tokens=args.speculative_tokens)
     except ValueError as exc:
         print(f"smile-llm generate: {exc}", file=sys.stderr)
         return 2
@@ -76,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--speculative-tokens", type=int, default=None,
+                     help="MTP drafts per round (default: the model's; 0: plain decoding)")
     gen.set_defaults(run=cmd_generate)
     demo = sub.add_parser("demo", help="generate() twice on the default model, the second reusing the prefix")
     demo.add_argument("--model")
