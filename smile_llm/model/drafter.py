@@ -10,6 +10,10 @@ draft's guess (vLLM #14649). Draft steps write at positions past the known ones;
 On a prefix hit the main pool skips the matched tokens, whose hidden states are never computed; the history then
 starts at the matched length (``MtpHistory.offset``): the draft sees a shorter context, never uncomputed KV
 (SGLang #19796). RoPE is relative, so pool position ``i - offset`` serves position i.
+
+Per-round mode (``mode="per_round"``, Smile's legacy context-free drafting on a ``KvCachePool.for_mtp`` pool): each
+round binds one row per sequence for the round's n positions, drafts from the last true hidden state alone, and
+unbinds; nothing is kept between rounds. Cheaper per round, weaker drafts.
 """
 
 from __future__ import annotations
@@ -25,17 +29,25 @@ from .transformer import Transformer
 
 
 class MtpDrafter:
-    """Drafts for sequences of one model; owns nothing but uses the model's history pool."""
+    """Drafts for sequences of one model through its MTP pool (a history pool, or a per-round pool)."""
 
-    def __init__(self, transformer: Transformer, pool: KvCachePool, backend: AttentionBackend) -> None:
+    MODES = ("history", "per_round")
+
+    def __init__(self, transformer: Transformer, pool: KvCachePool, backend: AttentionBackend,
+                 mode: str = "history") -> None:
         if transformer.mtp is None:
             raise ValueError("MtpDrafter needs a model with an MTP head")
-        self.transformer, self.pool, self.backend = transformer, pool, backend
+        if mode not in self.MODES:
+            raise ValueError(f"draft KV mode must be one of {self.MODES}, got {mode!r}")
+        self.transformer, self.pool, self.backend, self.mode = transformer, pool, backend, mode
 
     # ------------------------------------------------------------------ binding
     def bind(self, seq: Sequence) -> bool:
         """Give ``seq`` a history binding from its matched length to its capacity. False (the sequence then
-        decodes without drafts) when the history pool cannot hold it."""
+        decodes without drafts) when the history pool cannot hold it. Per-round mode binds nothing here."""
+        if self.mode == "per_round":
+            seq.history = MtpHistory(0, offset=seq.matched, filled=seq.matched)
+            return True
         try:
             rid = self.pool.bind_request([], max(1, seq.capacity - seq.matched))
         except KvCacheExhaustedError:
@@ -45,7 +57,8 @@ class MtpDrafter:
 
     def release(self, seq: Sequence) -> None:
         if seq.history is not None:
-            self.pool.unbind_request(seq.history.request_id)
+            if self.mode == "history":
+                self.pool.unbind_request(seq.history.request_id)
             seq.history = None
 
     # ------------------------------------------------------------------ absorbing true hidden states
@@ -69,6 +82,10 @@ class MtpDrafter:
         if known <= 0:
             return
         rows = torch.cat(h.pending)
+        if self.mode == "per_round":  # nothing is kept between rounds: only the last row matters
+            h.filled += known
+            h.pending = [rows[known:]]
+            return
         tokens = torch.tensor([seq.tokens_between(h.filled + 1, h.filled + 1 + known)], dtype=torch.int64,
                               device=self.pool.device)
         self.pool.activate_step(h.request_id)
@@ -89,49 +106,59 @@ class MtpDrafter:
 
         Step 0 absorbs each row's pending rows in one padded batch (padding after the real columns, never read)
         and reads the draft at the last real column; steps 1..n-1 feed the drafted token and the head's own output
-        back in. Afterwards the draft positions are sealed off, so only true positions stay in the history."""
+        back in. Afterwards the draft positions are sealed off (history mode) or the round's rows unbound
+        (per-round mode), so only true positions are ever kept."""
+        per_round = self.mode == "per_round"
         for seq in seqs:
             assert seq.history is not None
-            if seq.history.pending_rows > n + 1:
+            if per_round or seq.history.pending_rows > n + 1:
                 self.absorb_known(seq)
-        hist = [s.history for s in seqs]
-        assert all(h is not None for h in hist)
-        rows = np.array([h.pending_rows for h in hist if h], dtype=np.int64)
+        hist = [s.history for s in seqs if s.history is not None]
+        assert len(hist) == len(seqs)
+        rows = np.array([h.pending_rows for h in hist], dtype=np.int64)
         batch, width = len(seqs), int(rows.max())
         dev = self.pool.device
         tokens = torch.zeros(batch, width, dtype=torch.int64, device=dev)
         hidden = torch.zeros(batch, width, self.transformer.config.hidden_size, dtype=self.transformer.dtype,
                              device=dev)
         for b, (seq, h) in enumerate(zip(seqs, hist)):
-            assert h is not None
             tokens[b, : rows[b]] = torch.tensor(seq.tokens_between(h.filled + 1, seq.last_pos + 1))
             hidden[b, : rows[b]] = torch.cat(h.pending)
-        offset = np.array([h.offset for h in hist if h], dtype=np.int64)
-        filled = np.array([h.filled for h in hist if h], dtype=np.int64)
+        filled = np.array([h.filled for h in hist], dtype=np.int64)
         last = filled + rows  # each row's last_pos
-        self.pool.activate_step(*[h.request_id for h in hist if h])
-        out = self.transformer.draft(tokens, hidden, filled - offset, self.pool, self.backend, cols=rows - 1)
-        for h, end in zip(hist, last):
-            assert h is not None
-            h.filled, h.pending = int(end), []
-        written_end = filled - offset + width
-        drafts = torch.empty(batch, n, dtype=torch.int64, device=dev)
-        sampled = [s.draft_sampling == "sample" and s.temperature > 0 for s in seqs]
-        probs = torch.zeros(batch, n, out.logits.shape[-1], device=dev) if any(sampled) else None
-        for d in range(n):
-            if d > 0:
-                start = last - offset + d - 1
-                out = self.transformer.draft(drafts[:, d - 1 : d], out.hidden[:, None], start, self.pool,
-                                             self.backend)
-                written_end = np.maximum(written_end, start + 1)
-            drafts[:, d] = out.logits.argmax(dim=-1)
-            if probs is not None:
-                for b, seq in enumerate(seqs):
-                    if sampled[b]:
-                        q = probabilities(out.logits[b], seq.temperature, seq.top_p)
-                        probs[b, d] = q / q.sum()
-                        drafts[b, d] = torch.multinomial(probs[b, d], 1, generator=seq.generator)[0]
-        self.pool.truncate_to(last - offset, written_end)
+        if per_round:  # a fresh row per sequence: position 0 is the anchor, draft d sits at position d
+            self.pool.bind_requests(batch, n)
+            start0, base = np.zeros(batch, dtype=np.int64), np.ones(batch, dtype=np.int64)
+        else:
+            self.pool.activate_step(*[h.request_id for h in hist])
+            offset = np.array([h.offset for h in hist], dtype=np.int64)
+            start0, base = filled - offset, last - offset
+        try:
+            out = self.transformer.draft(tokens, hidden, start0, self.pool, self.backend, cols=rows - 1)
+            for h, end in zip(hist, last):
+                h.filled, h.pending = int(end), []
+            written_end = start0 + width
+            drafts = torch.empty(batch, n, dtype=torch.int64, device=dev)
+            sampled = [s.draft_sampling == "sample" and s.temperature > 0 for s in seqs]
+            probs = torch.zeros(batch, n, out.logits.shape[-1], device=dev) if any(sampled) else None
+            for d in range(n):
+                if d > 0:
+                    start = base + d - 1
+                    out = self.transformer.draft(drafts[:, d - 1 : d], out.hidden[:, None], start, self.pool,
+                                                 self.backend)
+                    written_end = np.maximum(written_end, start + 1)
+                drafts[:, d] = out.logits.argmax(dim=-1)
+                if probs is not None:
+                    for b, seq in enumerate(seqs):
+                        if sampled[b]:
+                            q = probabilities(out.logits[b], seq.temperature, seq.top_p)
+                            probs[b, d] = q / q.sum()
+                            drafts[b, d] = torch.multinomial(probs[b, d], 1, generator=seq.generator)[0]
+            if not per_round:
+                self.pool.truncate_to(base, written_end)
+        finally:
+            if per_round:
+                self.pool.unbind_requests()
         return drafts, probs
 
     def commit(self, seq: Sequence, hidden: torch.Tensor) -> None:

@@ -20,7 +20,7 @@ import torch
 from ..attention.backend import AttentionBackend, select_backend
 from ..cache import KvCacheLayout, KvCachePool
 from ..cache.tokens import as_int_array
-from .config import ModelConfig
+from .config import MAX_SPECULATIVE_TOKENS, ModelConfig
 from .decoder import Decoder
 from .drafter import MtpDrafter
 from .listener import notify
@@ -30,6 +30,7 @@ from .transformer import Transformer
 from .weights import load_into, read_checkpoint
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default"
+PER_ROUND_ROWS = 256  # rows of the per-round draft pool: the largest batch that can speculate in that mode
 
 
 class GenerationCancelled(RuntimeError):
@@ -50,20 +51,30 @@ class LanguageModel:
     """A causal LM served from a static paged KV pool with prefix reuse."""
 
     def __init__(self, config: ModelConfig, transformer: Transformer, tokenizer: Tokenizer, pool: KvCachePool,
-                 backend: AttentionBackend, max_seq_len: int | None = None, *, cuda_graphs: bool = True) -> None:
+                 backend: AttentionBackend, max_seq_len: int | None = None, *, cuda_graphs: bool = True,
+                 draft_kv: str = "history") -> None:
         self.config, self.transformer, self.tokenizer = config, transformer, tokenizer
         self.pool, self.backend = pool, backend
         self.max_seq_len = max_seq_len or pool.num_slots  # longest prompt + completion of one request
         self.drafter: MtpDrafter | None = None
         if transformer.mtp is not None:
-            mtp_layout = KvCacheLayout(config.mtp_num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                                       pool.num_slots // max(1, self.max_seq_len) or 1, self.max_seq_len)
-            try:
-                history = KvCachePool.for_mtp_history(mtp_layout, pool.device, pool.dtype, pool.page_size,
-                                                      pool.num_slots)
-                self.drafter = MtpDrafter(transformer, history, backend)
-            except RuntimeError:
-                pass  # too little memory for the draft history: decode without speculation
+            rows = max(1, pool.num_slots // max(1, self.max_seq_len))
+            if draft_kv == "per_round":  # MAX_SPECULATIVE_TOKENS positions per row and round, for any batch
+                layout = KvCacheLayout(config.mtp_num_hidden_layers, config.num_key_value_heads, config.head_dim,
+                                       max(rows, PER_ROUND_ROWS), MAX_SPECULATIVE_TOKENS + 2)
+                mtp_pool = KvCachePool.for_mtp(layout, pool.device, pool.dtype, pool.page_size)
+                self.drafter = MtpDrafter(transformer, mtp_pool, backend, "per_round")
+            elif draft_kv == "history":
+                layout = KvCacheLayout(config.mtp_num_hidden_layers, config.num_key_value_heads, config.head_dim,
+                                       rows, self.max_seq_len)
+                try:
+                    history = KvCachePool.for_mtp_history(layout, pool.device, pool.dtype, pool.page_size,
+                                                          pool.num_slots)
+                    self.drafter = MtpDrafter(transformer, history, backend)
+                except RuntimeError:
+                    pass  # too little memory for the draft history: decode without speculation
+            else:
+                raise ValueError(f'draft_kv must be "history" or "per_round", got {draft_kv!r}')
         self.decoder = Decoder(transformer, pool, backend, self.drafter)
         if cuda_graphs and pool.device.type == "cuda":
             from ..engine.graphs import DecodeGraphRunner, VerifyGraphRunner, cuda_graphs_supported
@@ -77,11 +88,13 @@ class LanguageModel:
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                         mem_fraction: float | None = None, page_size: int = 16, *, max_batch_size: int = 4,
-                        max_seq_len: int | None = None, cuda_graphs: bool = True) -> LanguageModel:
+                        max_seq_len: int | None = None, cuda_graphs: bool = True,
+                        draft_kv: str = "history") -> LanguageModel:
         """Load ``config.json``, ``*.safetensors`` (sharded too) and the tokenizer from ``path``; size a KV pool
         for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's context, at most 4096).
         ``cuda_graphs``: replay decode and verify forwards from CUDA graphs on CUDA with FlashInfer (no effect
-        elsewhere; ``SMILE_CUDA_GRAPHS=0`` also turns them off)."""
+        elsewhere; ``SMILE_CUDA_GRAPHS=0`` also turns them off). ``draft_kv`` (MTP models): "history" keeps each
+        request's draft KV over its whole context (the default), "per_round" drafts context-free each round."""
         folder = Path(path)
         config = ModelConfig.from_pretrained(folder)
         device = torch.device(device)
@@ -95,7 +108,8 @@ class LanguageModel:
         layout = KvCacheLayout(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
                                max_batch_size, seq)
         pool = KvCachePool.allocate(layout, device, dtype, mem_fraction or 0.85, page_size)
-        return cls(config, transformer, tokenizer, pool, select_backend(device), seq, cuda_graphs=cuda_graphs)
+        return cls(config, transformer, tokenizer, pool, select_backend(device), seq, cuda_graphs=cuda_graphs,
+                   draft_kv=draft_kv)
 
     @classmethod
     def default(cls, **kwargs: Any) -> LanguageModel:
