@@ -83,7 +83,10 @@ class Decoder:
             else:
                 plain.append(s)
         for n, group in sorted(groups.items()):
-            self.speculate(group, n)
+            assert self.drafter is not None
+            size = max(1, self.drafter.max_batch(n))
+            for i in range(0, len(group), size):
+                self.speculate(group[i : i + size], n)
         if plain:  # eager while rows speculate: their seals keep moving the step CSR a decode graph reads
             self.decode(plain, allow_graph=not groups)
 
@@ -137,8 +140,12 @@ class Decoder:
         """Greedy drafts: compare with the target's samples at every window position (``accept_greedy``);
         sampled drafts: rejection sampling against the target's distributions."""
         d = drafts.tolist()
+        first = seq.last_pos + 1  # window position j predicts the token at first + j
         if seq.temperature > 0 and seq.draft_sampling == "sample" and draft_probs is not None:
             p = probabilities(logits, seq.temperature, seq.top_p)
-            return accept_rejection(d, draft_probs, p, seq.generator)
-        targets, _ = sample(logits, seq.temperature, seq.top_p, seq.generator, with_logprobs=False)
-        return accept_greedy(d, targets.tolist())
+            return accept_rejection(d, draft_probs, p, seq.rng.at(first, seq.rng.ACCEPT))
+        if seq.temperature == 0:
+            return accept_greedy(d, logits.argmax(dim=-1).tolist())
+        targets = [int(sample(logits[j : j + 1], seq.temperature, seq.top_p, seq.rng.at(first + j),
+                              with_logprobs=False)[0][0]) for j in range(len(d) + 1)]
+        return accept_greedy(d, targets)

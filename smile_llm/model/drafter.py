@@ -95,6 +95,14 @@ class MtpDrafter:
         h.pending = [rows[known:]] if known < rows.shape[0] else []
 
     # ------------------------------------------------------------------ drafting
+    def max_batch(self, n: int) -> int:
+        """The most sequences one ``propose`` of ``n`` drafts can take: per-round mode binds a row of ``n``
+        positions per sequence in its pool; history mode has no limit of its own."""
+        if self.mode == "history":
+            return 1 << 30
+        ps = self.pool.page_size
+        return (self.pool.num_slots // ps) // (-(-n // ps))
+
     def ready(self, seq: Sequence) -> bool:
         """True when ``seq`` can draft now: its history reaches its last token."""
         h = seq.history
@@ -153,7 +161,8 @@ class MtpDrafter:
                         if sampled[b]:
                             q = probabilities(out.logits[b], seq.temperature, seq.top_p)
                             probs[b, d] = q / q.sum()
-                            drafts[b, d] = torch.multinomial(probs[b, d], 1, generator=seq.generator)[0]
+                            gen = seq.rng.at(int(last[b]) + 1 + d, seq.rng.DRAFT)
+                            drafts[b, d] = torch.multinomial(probs[b, d], 1, generator=gen)[0]
             if not per_round:
                 self.pool.truncate_to(base, written_end)
         finally:

@@ -30,7 +30,7 @@ from .transformer import Transformer
 from .weights import load_into, read_checkpoint
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default"
-PER_ROUND_ROWS = 256  # rows of the per-round draft pool: the largest batch that can speculate in that mode
+PER_ROUND_ROWS = 256  # rows of the per-round draft pool: larger batches draft in several rounds
 
 
 class GenerationCancelled(RuntimeError):

@@ -15,6 +15,28 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
     return gen
 
 
+class PositionalRng:
+    """Randomness keyed by (seed, token position, stream) instead of by draw count: the sample for position p uses a
+    generator seeded from ``(seed, p)`` alone. A seeded request therefore draws the same tokens whether it decodes
+    plainly or speculatively with greedy drafts, whatever the prefix cache held and however rounds fell. Seed 0
+    picks a random base seed (nondeterministic). Streams: TARGET (the token itself), DRAFT and ACCEPT (rejection
+    sampling's draft draws and uniforms)."""
+
+    TARGET, DRAFT, ACCEPT = 0, 1, 2
+
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.seed = seed if seed != 0 else int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
+        self._gen = torch.Generator(device=device)
+
+    def at(self, position: int, stream: int = 0) -> torch.Generator:
+        """The generator for ``position`` and ``stream``, freshly seeded (one object, reseeded on every call)."""
+        mixed = (self.seed * 0x9E3779B97F4A7C15 + position * 0xBF58476D1CE4E5B9 + stream * 0x94D049BB133111EB)
+        mixed &= (1 << 64) - 1
+        mixed ^= mixed >> 31
+        self._gen.manual_seed((mixed & ((1 << 63) - 1)) or 1)
+        return self._gen
+
+
 def probabilities(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """The distribution sampling draws from: ``softmax(logits / temperature)`` restricted to the smallest set of
     most likely tokens whose mass reaches ``top_p`` (not renormalised; ``multinomial`` does not need it).

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .listener import notify
-from .sampling import make_generator, sample
+from .sampling import PositionalRng, sample
 from .tokenizer import StreamDecoder
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class Sequence:
         self.capacity = capacity  # the bound KV capacity: positions stay below it
         self.request_id = request_id
         self.temperature, self.top_p = float(temperature), float(top_p)
-        self.generator = make_generator(seed, model.pool.device)
+        self.rng = PositionalRng(seed, model.pool.device)  # the draw for a position depends on (seed, position)
         self.listener = listener
         self.stop_ids, self.stop_texts = stop_ids or set(), stop_texts or []
         self.speculative_tokens, self.draft_sampling = speculative_tokens, draft_sampling
@@ -106,7 +106,8 @@ class Sequence:
     def take_next(self) -> bool:
         """Sample the next token from the last logits and append it; True when the sequence has finished."""
         assert self.logits is not None
-        token_t, logprob_t = sample(self.logits, self.temperature, self.top_p, self.generator,
+        token_t, logprob_t = sample(self.logits, self.temperature, self.top_p,
+                                    self.rng.at(len(self.prompt) + len(self.tokens)),
                                     with_logprobs=self.logprobs is not None)
         return self.push(int(token_t[0]), float(logprob_t[0]) if logprob_t is not None else None)
 

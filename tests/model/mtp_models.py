@@ -3,8 +3,9 @@
 ``build_mtp_model`` makes a Qwen3-, Qwen2- or Llama-style config dict with ``mtp_num_hidden_layers: 1``, a
 ``Transformer`` with seeded random weights, saves ``config.json`` + ``model.safetensors`` (HF names from the
 state dict, the tied ``lm_head`` left out) and returns the folder. ``good_drafts=True`` makes a one-layer model
-whose MTP head copies the main layer and reads only the token embedding, so its drafts mostly agree with the
-target (long accepted runs); random heads are mostly rejected. ``exact_logits`` computes a model's logits of a
+whose MTP head copies the main layer and reads only the token embedding, so with the whole context in its history
+its drafts mostly agree with the target (long accepted runs; use an untied family, a tied LM head makes the model
+repeat one token); random heads are mostly rejected. ``exact_logits`` computes a model's logits of a
 whole sequence with one fresh forward on a private pool (the reference for distribution tests).
 """
 
@@ -56,9 +57,10 @@ def randomize(model: torch.nn.Module, seed: int, logit_scale: float = 1.0) -> No
             else:
                 p.copy_(1.5 * noise / math.sqrt(p.shape[1]))
         if logit_scale != 1.0:
-            model.model.norm.weight.mul_(logit_scale)  # type: ignore[union-attr, operator]
-            if model.mtp is not None:  # type: ignore[union-attr]
-                model.mtp.norm.weight.mul_(logit_scale)  # type: ignore[union-attr]
+            assert isinstance(model, Transformer)
+            model.model.norm.weight.mul_(logit_scale)
+            if model.mtp is not None:
+                model.mtp.norm.weight.mul_(logit_scale)
 
 
 def make_good_drafter(model: Transformer) -> None:

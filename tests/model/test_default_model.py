@@ -42,11 +42,15 @@ def test_greedy_generation_is_python_like_and_reuses_the_prefix(lm: LanguageMode
 def test_cli_generate_streams_text_and_stats() -> None:
     out = subprocess.run([sys.executable, "-m", "smile_llm", "generate", "--prompt", "def ", "--max-new-tokens", "20"],
                          capture_output=True, text=True, check=True).stdout
-    text, _, stats = out.rpartition("\n[")  # the streamed completion, then one stats line
-    found = re.match(r"4 prompt tokens, 0 cached, (\d+) generated, [\d.]+ tokens/s, finish: (length|stop)]", stats)
+    text, _, stats = out.partition("\n[4 prompt tokens")  # the streamed completion, then the stats lines
+    stats = "[4 prompt tokens" + stats
+    found = re.match(r"\[4 prompt tokens, 0 cached, (\d+) generated, [\d.]+ tokens/s, finish: (length|stop)]\n"
+                     r"\[speculative: (\d+) rounds, (\d+)/(\d+) drafts accepted, [\d.]+ tokens per round, "
+                     r"[\d.]+ target forwards per token]\n$", stats)
     assert found, stats
-    generated = int(found.group(1))
+    generated, rounds, accepted, proposed = (int(found.group(i)) for i in (1, 3, 4, 5))
     assert 0 < generated <= 20 and (generated == 20) == (found.group(2) == "length") and text.strip()
+    assert rounds > 0 and 0 <= accepted <= proposed <= 3 * rounds  # the default model drafts 3 per round
 
 
 def test_default_model_matches_transformers(lm: LanguageModel) -> None:
