@@ -64,6 +64,8 @@ class AttentionPlan:
     out_rows: torch.Tensor | None  # int64[total_q] padded query of each output row; None when the identity
     chunks: list[_Chunk]
     workspace: dict[tuple[torch.dtype, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # the fused single-chunk path's SDPA mask and whether some query sees no key (built by the first layer)
+    sdpa_mask: tuple[torch.Tensor | None, bool] | None = None
 
 
 @overload
@@ -349,16 +351,23 @@ def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: t
     lc = c.num_tokens
     kc = _gather(k, _rows_view(k), c.rows, _workspace(plan, k.dtype, 0)).view(b, hkv, lc, d)
     vc = _gather(v, _rows_view(v), c.rows, _workspace(plan, v.dtype, 1)).view(b, hkv, lc, d)
-    mask = None  # [B, 1, G * Qmax or 1, Lc]: True where a key may be seen
     if c.past_end is not None:
         kc.masked_fill_(c.past_end, 0.0)
         vc.masked_fill_(c.past_end, 0.0)
-        mask = ~c.past_end.transpose(-1, -2)
-    if c.hidden is not None:  # [B, 1, 1, Qmax, Lc] -> one row per (g, query) like qh
-        seen = ~c.hidden.expand(b, 1, g, qmax, lc).reshape(b, 1, g * qmax, lc)
-        mask = seen if mask is None else seen & mask
+    cached = plan.sdpa_mask  # built by the first layer, shared by the rest of the forward
+    if cached is None:
+        mask = None  # [B, 1, G * Qmax or 1, Lc]: True where a key may be seen
+        if c.past_end is not None:
+            mask = ~c.past_end.transpose(-1, -2)
+        if c.hidden is not None:  # [B, 1, 1, Qmax, Lc] -> one row per (g, query) like qh
+            seen = ~c.hidden.expand(b, 1, g, qmax, lc).reshape(b, 1, g * qmax, lc)
+            mask = seen if mask is None else seen & mask
+        # the mask, and whether some query sees no key at all (its SDPA row is NaN and must become 0)
+        cached = plan.sdpa_mask = (mask, mask is not None and not bool(mask.any(-1).all()))
+    mask, blind = cached
     out = torch.nn.functional.scaled_dot_product_attention(qh, kc, vc, attn_mask=mask, scale=1.0)
-    if mask is not None:
+    if blind:
+        assert mask is not None
         out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # queries with no key at all
     if v_scale != 1.0:
         out = out * v_scale

@@ -29,7 +29,7 @@ import torch
 
 from ..attention.flashinfer import FlashInferBackend, flashinfer_available
 from ..cache import KvCachePool
-from ..model.context import ForwardContext, rope_tables
+from ..model.context import ForwardContext
 from ..model.transformer import ForwardOutput, Transformer
 
 WARMUP_STEPS = 2
@@ -77,8 +77,7 @@ class _GraphRunner:
                        q_dtype=self.transformer.dtype, kv_dtype=self.pool.dtype)
 
     def _load(self, b: _Bucket, tokens: torch.Tensor, start: np.ndarray) -> None:
-        cos, sin = rope_tables(start, tokens.shape[1], self.transformer.get_buffer("inv_freq"),
-                               self.transformer.dtype)
+        cos, sin = self.transformer.rope(start, tokens.shape[1])
         b.tokens.copy_(tokens)
         b.cos.copy_(cos)
         b.sin.copy_(sin)

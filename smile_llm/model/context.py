@@ -14,18 +14,39 @@ from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
 
 
-def rope_tables(start: np.ndarray, seqlen: int, inv_freq: torch.Tensor,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin ``[B, S, 1, head_dim]`` of positions ``start[b] + [0, S)``."""
-    positions = torch.from_numpy(start[:, None] + np.arange(seqlen)).to(inv_freq.device).float()  # [B, S]
-    freqs = positions[..., None] * inv_freq  # [B, S, head_dim / 2]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]  # [B, S, 1, head_dim]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+class RopeTable:
+    """cos and sin of every position below a limit that grows as needed (doubling), computed once per device and
+    dtype with HF's float32 math; lookups are slices (one row) or one gather (ragged rows)."""
+
+    def __init__(self) -> None:
+        self._key: tuple[torch.device, torch.dtype] | None = None
+        self._cos = self._sin = torch.empty(0)
+
+    def lookup(self, start: np.ndarray, seqlen: int, inv_freq: torch.Tensor,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[B, S, 1, head_dim]`` of positions ``start[b] + [0, S)``."""
+        end = int(start.max()) + seqlen
+        if self._key != (inv_freq.device, dtype) or end > self._cos.shape[0]:
+            self._build(max(2 * end, 1024, self._cos.shape[0]), inv_freq, dtype)
+        if len(start) == 1:
+            s = int(start[0])
+            return self._cos[None, s : s + seqlen, None], self._sin[None, s : s + seqlen, None]
+        idx = torch.from_numpy(start[:, None] + np.arange(seqlen)).to(inv_freq.device)  # [B, S]
+        return self._cos[idx][:, :, None], self._sin[idx][:, :, None]
+
+    @torch.inference_mode(False)
+    def _build(self, limit: int, inv_freq: torch.Tensor, dtype: torch.dtype) -> None:
+        with torch.no_grad():
+            positions = torch.arange(limit, device=inv_freq.device).float()
+            freqs = positions[:, None] * inv_freq  # [limit, head_dim / 2]
+            emb = torch.cat((freqs, freqs), dim=-1)  # [limit, head_dim]
+            self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        self._key = (inv_freq.device, dtype)
 
 
 class ForwardContext:
     def __init__(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
-                 inv_freq: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+                 rope: tuple[torch.Tensor, torch.Tensor], num_heads: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype) -> None:
         self.pool = pool
         self.backend = backend
@@ -42,7 +63,7 @@ class ForwardContext:
             qo_indptr = torch.arange(0, (self.batch + 1) * seqlen, seqlen, dtype=torch.int32, device=pool.device)
         backend.plan(meta, num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      qo_indptr=qo_indptr, causal=True, q_dtype=dtype, kv_dtype=pool.dtype)
-        self.cos, self.sin = rope_tables(start, seqlen, inv_freq, dtype)
+        self.cos, self.sin = rope  # [B, S, 1, head_dim] each
         self.k_scale, self.v_scale = pool.k_scale, pool.v_scale
 
     @classmethod

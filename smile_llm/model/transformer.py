@@ -17,7 +17,7 @@ from torch import nn
 from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
 from .config import ModelConfig
-from .context import ForwardContext
+from .context import ForwardContext, RopeTable
 from .layers import DecoderLayer, RMSNorm, rope_inv_freq
 from .mtp import MtpHead
 
@@ -55,6 +55,7 @@ class Transformer(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.mtp = MtpHead(config) if config.mtp_num_hidden_layers else None
+        self._rope = RopeTable()
         self.register_buffer("inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling),
                              persistent=False)
 
@@ -64,9 +65,12 @@ class Transformer(nn.Module):
 
     def context(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int) -> ForwardContext:
         c = self.config
-        inv_freq = self.get_buffer("inv_freq")
-        return ForwardContext(pool, backend, start, seqlen, inv_freq, c.num_attention_heads,
+        return ForwardContext(pool, backend, start, seqlen, self.rope(start, seqlen), c.num_attention_heads,
                               c.num_key_value_heads, c.head_dim, self.dtype)
+
+    def rope(self, start: np.ndarray, seqlen: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE cos and sin ``[B, S, 1, head_dim]`` of positions ``start[b] + [0, S)`` (from a cached table)."""
+        return self._rope.lookup(start, seqlen, self.get_buffer("inv_freq"), self.dtype)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: np.ndarray, pool: KvCachePool,
@@ -92,7 +96,8 @@ class Transformer(nn.Module):
             raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0); it cannot draft")
         ctx = self.context(pool, backend, start, tokens.shape[1])
         x = self.mtp(self.model.embed_tokens(tokens), hidden, ctx)
-        rows = torch.arange(x.shape[0], device=x.device)
-        at = torch.full_like(rows, x.shape[1] - 1) if cols is None else torch.from_numpy(cols).to(x.device)
-        last = x[rows, at]  # [B, D]
+        if cols is None or (cols == x.shape[1] - 1).all():
+            last = x[:, -1]  # [B, D]
+        else:
+            last = x[torch.arange(x.shape[0], device=x.device), torch.from_numpy(cols).to(x.device)]
         return DraftOutput(self.lm_head(self.mtp.norm(last)).float(), last)
