@@ -13,7 +13,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[test,dev,hf]"
+	$(PY) -m pip install --quiet -e ".[test,dev,hf,bench]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/put_get_throughput.py
 	$(PY) benchmarks/step_bookkeeping.py
 	$(PY) benchmarks/reference_attention.py
+	$(PY) benchmarks/speculative.py
 
 typecheck: $(STAMP)
 	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/model smile_llm/engine
