@@ -13,14 +13,14 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[test,dev,hf,bench]"
+	$(PY) -m pip install --quiet -e ".[test,dev,hf,bench,java]"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m smile_llm demo
 
 test: $(STAMP)
-	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/model smile_llm/engine
+	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/model smile_llm/engine java_bridge
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
@@ -31,7 +31,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/speculative.py
 
 typecheck: $(STAMP)
-	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/model smile_llm/engine
+	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/model smile_llm/engine java_bridge
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache

@@ -1,0 +1,362 @@
+"""The Java interfaces of ``smile.llm`` implemented over ``smile_llm`` objects (JPype proxies).
+
+Every method goes through ``errors.bridged`` (Python errors arrive as Java exceptions with the Python message).
+Arguments: Java ``int[]`` arrive as JPype arrays and are read with one copy (``np.asarray``); K/V cross as direct
+``ByteBuffer``s in native byte order, viewed with ``torch.frombuffer`` from offset 0 without a copy. Returns are
+checked ints or numpy arrays of the declared Java type (JPype would silently truncate a float returned as a long).
+Listener callbacks into Java run while no Python lock is held (``generate`` calls them between steps).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import torch
+from jpype import JArray, JClass, JFloat, JImplements, JInt
+
+from smile_llm.cache import KvCacheLayout, KvCachePool
+from smile_llm.cache.binder import PREFIX_NAMESPACE
+from smile_llm.model import LanguageModel
+
+from .errors import bridged
+from .threads import pin_current_thread
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
+
+
+def _int(x: Any, what: str) -> int:
+    """``x`` as a Java int/long return value; TypeError for anything but an integer."""
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{what} must return an integer, got {type(x).__name__} {x!r}")
+    return int(x)
+
+
+def _ints(a: Any) -> np.ndarray:
+    """A Java ``int[]`` (or varargs) as int64 numpy (one copy); ValueError for null."""
+    if a is None:
+        raise ValueError("array argument must not be null")
+    return np.asarray(a, dtype=np.int64)
+
+
+def _view(buf: Any, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    """A zero-copy tensor over a direct ByteBuffer's first ``prod(shape)`` elements."""
+    if buf is None:
+        raise ValueError(f"{what} must not be null")
+    if not buf.isDirect():
+        raise ValueError(f"{what} must be a direct ByteBuffer (ByteBuffer.allocateDirect(n).order(nativeOrder()))")
+    if buf.order() != JClass("java.nio.ByteOrder").nativeOrder():
+        raise ValueError(f"{what} must be in native byte order: call .order(ByteOrder.nativeOrder())")
+    n = int(np.prod(shape))
+    need = n * torch.empty(0, dtype=dtype).element_size()
+    if buf.capacity() < need:
+        raise ValueError(f"{what} holds {buf.capacity()} bytes, need {need} for {list(shape)} {dtype}")
+    return torch.frombuffer(buf, dtype=dtype, count=n).view(shape)
+
+
+@JImplements("smile.llm.cache.RadixCache", deferred=True)
+@bridged
+class RadixCacheAdapter:
+    def __init__(self, pool: KvCachePool) -> None:
+        self._pool = pool
+
+    def matchPrefix(self, tokens: Any) -> np.ndarray:  # noqa: N802 - Java names
+        segments = self._pool.radix.peek_prefix(_ints(tokens), PREFIX_NAMESPACE)  # changes nothing
+        parts = [seg.node.value[: seg.matched] for seg in segments if seg.node.value is not None]
+        return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, dtype=np.int32)
+
+    def totalSize(self) -> int:  # noqa: N802
+        return _int(self._pool.radix.total_size(), "totalSize")
+
+    def evictableSize(self) -> int:  # noqa: N802
+        return _int(self._pool.radix.evictable_size, "evictableSize")
+
+    def protectedSize(self) -> int:  # noqa: N802
+        return _int(self._pool.radix.protected_size, "protectedSize")
+
+    def pageSize(self) -> int:  # noqa: N802
+        return _int(self._pool.page_size, "pageSize")
+
+
+@JImplements("smile.llm.cache.KvCachePool", deferred=True)
+@bridged
+class KvCachePoolAdapter:
+    """``smile.llm.cache.KvCachePool`` over a ``smile_llm.cache.KvCachePool``."""
+
+    def __init__(self, pool: KvCachePool) -> None:
+        self.pool = pool
+        self._radix = RadixCacheAdapter(pool)
+
+    # geometry and counters
+    def numLayers(self) -> int:  # noqa: N802
+        return _int(self.pool.num_layers, "numLayers")
+
+    def numSlots(self) -> int:  # noqa: N802
+        return _int(self.pool.num_slots, "numSlots")
+
+    def numKvHeads(self) -> int:  # noqa: N802
+        return _int(self.pool.num_kv_heads, "numKvHeads")
+
+    def headDim(self) -> int:  # noqa: N802
+        return _int(self.pool.head_dim, "headDim")
+
+    def pageSize(self) -> int:  # noqa: N802
+        return _int(self.pool.page_size, "pageSize")
+
+    def dtype(self) -> str:
+        return str(self.pool.dtype)
+
+    def freePages(self) -> int:  # noqa: N802
+        return _int(self.pool.free_pages, "freePages")
+
+    def freeSlots(self) -> int:  # noqa: N802
+        return _int(self.pool.free_slots, "freeSlots")
+
+    def requestCapacity(self) -> int:  # noqa: N802
+        return _int(self.pool.request_capacity, "requestCapacity")
+
+    def boundRequestCount(self) -> int:  # noqa: N802
+        return _int(self.pool.bound_request_count, "boundRequestCount")
+
+    def isPrefixReuseEnabled(self) -> bool:  # noqa: N802
+        return bool(self.pool.prefix_reuse_enabled)
+
+    def setPrefixReuseEnabled(self, enabled: bool) -> None:  # noqa: N802
+        self.pool.prefix_reuse_enabled = bool(enabled)
+
+    def prefixPromptTokens(self) -> int:  # noqa: N802
+        return _int(self.pool.prefix_prompt_tokens, "prefixPromptTokens")
+
+    def prefixMatchTokens(self) -> int:  # noqa: N802
+        return _int(self.pool.prefix_match_tokens, "prefixMatchTokens")
+
+    def prefixInsertTokens(self) -> int:  # noqa: N802
+        return _int(self.pool.prefix_insert_tokens, "prefixInsertTokens")
+
+    def prefixEvictTokens(self) -> int:  # noqa: N802
+        return _int(self.pool.prefix_evict_tokens, "prefixEvictTokens")
+
+    def radixCache(self) -> Any:  # noqa: N802
+        return self._radix
+
+    # binding
+    def bindRequest(self, prompt: Any, capacity: int) -> int:  # noqa: N802
+        return _int(self.pool.bind_request(_ints(prompt), int(capacity)), "bindRequest")
+
+    def bindWithPrefix(self, prompt: Any, capacity: int) -> int:  # noqa: N802
+        return _int(self.pool.bind_with_prefix(_ints(prompt), int(capacity)), "bindWithPrefix")
+
+    def bindRequests(self, batch: int, capacity: int) -> np.ndarray:  # noqa: N802
+        return np.asarray(self.pool.bind_requests(int(batch), int(capacity)), dtype=np.int32)
+
+    def finishRequest(self, *args: Any) -> None:  # noqa: N802 - (int id, int[] seq) or (int[] seq)
+        if len(args) == 1:
+            self.pool.finish_exclusive(_ints(args[0]))
+        else:
+            self.pool.finish_request(int(args[0]), None if args[1] is None else _ints(args[1]))
+
+    def unbindRequest(self, request_id: int) -> None:  # noqa: N802
+        self.pool.unbind_request(int(request_id))
+
+    def unbindRequests(self) -> None:  # noqa: N802
+        self.pool.unbind_requests()
+
+    def isBound(self, request_id: int) -> bool:  # noqa: N802
+        return bool(self.pool.is_bound(int(request_id)))
+
+    def matchedPrefixLen(self, request_id: int) -> int:  # noqa: N802
+        return _int(self.pool.matched_prefix_len(int(request_id)), "matchedPrefixLen")
+
+    def kvLen(self, request_id: int) -> int:  # noqa: N802
+        return _int(self.pool.kv_len(int(request_id)), "kvLen")
+
+    def activateStep(self, ids: Any) -> None:  # noqa: N802
+        self.pool.activate_step(*(int(i) for i in _ints(ids)))
+
+    def activeRequestIds(self) -> np.ndarray:  # noqa: N802
+        return np.asarray(self.pool.active_request_ids, dtype=np.int32)
+
+    def ensureRequest(self, batch: int, end_pos: int) -> None:  # noqa: N802
+        self.pool.ensure_request(int(batch), int(end_pos))
+
+    # K/V
+    def _shape(self, seqlen: int) -> tuple[int, ...]:
+        rows = len(self.pool.active_request_ids)
+        if rows == 0:
+            raise RuntimeError("no active step: bind a request or call activateStep first")
+        return rows, int(seqlen), self.pool.num_kv_heads, self.pool.head_dim
+
+    def put(self, layer: int, start: Any, seqlen: int, k: Any, v: Any) -> None:
+        shape = self._shape(seqlen)
+        dtype = self.pool.compute_dtype
+        start_pos = int(start) if isinstance(start, int) else _ints(start)
+        self.pool.put(int(layer), start_pos, _view(k, dtype, shape, "k"), _view(v, dtype, shape, "v"))
+
+    def get(self, layer: int, length: int, k: Any, v: Any) -> None:
+        shape = self._shape(length)
+        dtype = self.pool.compute_dtype
+        k_out, v_out = _view(k, dtype, shape, "k"), _view(v, dtype, shape, "v")
+        k_in, v_in = self.pool.get(int(layer), int(length))
+        k_out.copy_(k_in)
+        v_out.copy_(v_in)
+
+    def slotIndices(self, length: int) -> np.ndarray:  # noqa: N802
+        return np.asarray(self.pool.slot_indices(int(length)), dtype=np.int64)
+
+    def alloc(self, num_tokens: int) -> np.ndarray:
+        return np.asarray(self.pool.alloc(int(num_tokens)), dtype=np.int64)
+
+    def free(self, slots: Any) -> None:
+        self.pool.free(_ints(slots))
+
+    def evict(self, num_tokens: int) -> int:
+        return _int(self.pool.evict(int(num_tokens)), "evict")
+
+    # metadata, seal and truncate
+    @staticmethod
+    def _csr(meta: Any) -> Any:
+        rows = [t.detach().cpu().numpy().astype(np.int32).tolist()
+                for t in (meta.indptr, meta.indices, meta.last_page_len)]
+        return JArray(JInt, 2)(rows)
+
+    def sharedFlashInferMetadata(self, lengths: Any) -> Any:  # noqa: N802
+        return self._csr(self.pool.shared_flashinfer_metadata(_ints(lengths)))
+
+    def buildFlashInferMetadata(self, lengths: Any) -> Any:  # noqa: N802
+        return self._csr(self.pool.build_flashinfer_metadata(_ints(lengths)))
+
+    def clearStepMetadata(self) -> None:  # noqa: N802
+        self.pool.clear_step_metadata()
+
+    def sealLength(self, sealed: Any) -> bool:  # noqa: N802
+        return bool(self.pool.seal_length(_ints(sealed)))
+
+    def truncateTo(self, sealed: Any, written_end: Any) -> bool:  # noqa: N802
+        return bool(self.pool.truncate_to(_ints(sealed), _ints(written_end)))
+
+    def invalidateRange(self, from_pos: Any, end_pos: Any) -> None:  # noqa: N802
+        self.pool.invalidate_range(_ints(from_pos), _ints(end_pos))
+
+    # page buckets
+    def numPagesForLength(self, n: int) -> int:  # noqa: N802
+        return _int(self.pool.num_pages_for_length(int(n)), "numPagesForLength")
+
+    def stepsUntilPageBoundary(self, n: int) -> int:  # noqa: N802
+        return _int(self.pool.steps_until_page_boundary(int(n)), "stepsUntilPageBoundary")
+
+    def firstCacheLenInNextPageBucket(self, n: int) -> int:  # noqa: N802
+        return _int(self.pool.first_cache_len_in_next_page_bucket(int(n)), "firstCacheLenInNextPageBucket")
+
+    # audit
+    def checkInvariants(self) -> None:  # noqa: N802
+        self.pool.check_invariants()
+
+    def statsJson(self) -> str:  # noqa: N802
+        return json.dumps(self.pool.stats(), default=str, sort_keys=True)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+class _JavaListener:
+    """A ``GenerationListener`` (Java) seen from ``generate()``."""
+
+    def __init__(self, listener: Any) -> None:
+        self._l = listener
+
+    def on_input_tokens(self, n: int) -> None:
+        self._l.onInputTokens(int(n))
+
+    def on_cached_input_tokens(self, n: int) -> None:
+        self._l.onCachedInputTokens(int(n))
+
+    def on_generated_tokens(self, n: int) -> None:
+        self._l.onGeneratedTokens(int(n))
+
+    def on_thinking_tokens(self, n: int) -> None:
+        self._l.onThinkingTokens(int(n))
+
+    def on_text(self, chunk: str) -> None:
+        self._l.onText(chunk)
+
+
+@JImplements("smile.llm.LanguageModel", deferred=True)
+@bridged
+class LanguageModelAdapter:
+    """``smile.llm.LanguageModel`` over a ``smile_llm.LanguageModel``."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.model = model
+        self._pool = KvCachePoolAdapter(model.pool)
+
+    def encode(self, text: Any) -> np.ndarray:
+        if text is None:
+            raise ValueError("text must not be null")
+        return np.asarray(self.model.encode(str(text)), dtype=np.int32)
+
+    def decode(self, tokens: Any) -> str:
+        return self.model.tokenizer.decode(_ints(tokens).tolist())
+
+    def generate(self, prompt: Any, max_gen_len: int, temperature: float, topp: float, logprobs: bool, seed: int,
+                 listener: Any, cancel: Any = None) -> Any:
+        if prompt is None:
+            raise ValueError("prompt must not be null")
+        ids = _ints(prompt).tolist()
+        out = self.model.generate(
+            ids, max(0, int(max_gen_len)), temperature=float(temperature), top_p=float(topp),
+            logprobs=bool(logprobs), seed=int(seed), listener=None if listener is None else _JavaListener(listener),
+            cancel=None if cancel is None else (lambda: bool(cancel.getAsBoolean())))
+        lp = None if out.logprobs is None else JArray(JFloat)(out.logprobs)
+        return JClass("smile.llm.Completion")(out.text, JArray(JInt)(out.prompt_tokens), JArray(JInt)(out.tokens),
+                                              out.finish_reason, lp, json.dumps(out.stats, default=str))
+
+    def kvCachePool(self) -> Any:  # noqa: N802
+        return self._pool
+
+    def vocabSize(self) -> int:  # noqa: N802
+        return _int(self.model.config.vocab_size, "vocabSize")
+
+    def maxSeqLen(self) -> int:  # noqa: N802
+        return _int(self.model.max_seq_len, "maxSeqLen")
+
+
+@JImplements("smile.llm.python.Bridge$Factory", deferred=True)
+@bridged
+class FactoryAdapter:
+    """Creates Python-backed pools for ``Bridge.newKvCachePool`` / ``Bridge.forTesting``; closes them on exit."""
+
+    def __init__(self) -> None:
+        self.pools: list[KvCachePool] = []
+
+    def newKvCachePool(self, layers: int, slots: int, kv_heads: int, head_dim: int, page_size: int,  # noqa: N802
+                       dtype: Any) -> Any:
+        name = str(dtype).removeprefix("torch.")
+        if name not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}")
+        pool = KvCachePool(int(layers), int(slots), int(kv_heads), int(head_dim), int(page_size), "cpu",
+                           DTYPES[name])
+        self.pools.append(pool)
+        return KvCachePoolAdapter(pool)
+
+    def forTesting(self, layers: int, kv_heads: int, head_dim: int, max_batch: int, max_seq: int) -> Any:  # noqa: N802
+        pool = KvCachePool.for_testing(KvCacheLayout(int(layers), int(kv_heads), int(head_dim), int(max_batch),
+                                                     int(max_seq)))
+        self.pools.append(pool)
+        return KvCachePoolAdapter(pool)
+
+    def _close_all(self) -> None:
+        for pool in self.pools:
+            pool.close()
+
+
+@JImplements("java.lang.Runnable", deferred=True)
+class PinThread:
+    """``Bridge.pinCurrentThread()``: see ``threads.pin_current_thread``."""
+
+    from jpype import JOverride as _override
+
+    @_override
+    def run(self) -> None:
+        pin_current_thread()
