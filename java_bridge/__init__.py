@@ -12,7 +12,3 @@ app.jar --main com.example.App -- args`` starts the JVM, registers the Python im
 
 Importing this package does not import JPype or start a JVM.
 """
-
-from .build import bridge_jar, compile_java
-
-__all__ = ["bridge_jar", "compile_java"]

@@ -30,6 +30,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-model", action="store_true", help="register no model (pool-only applications)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--jvm-arg", action="append", default=[], help="a JVM option, e.g. -Xmx4g (repeatable)")
+    p.add_argument("--torch-threads", type=int, default=1,
+                   help="torch intra-op threads (default 1: more contend with the JVM's threads on small CPUs)")
     p.add_argument("args", nargs="*", help="arguments for main (after --)")
     return p.parse_args(argv)
 
@@ -50,7 +52,7 @@ def run(argv: list[str]) -> int:
 
     from .jvm import start_jvm
 
-    jpype = start_jvm(entries, args.jvm_arg)
+    jpype = start_jvm(entries, args.jvm_arg, args.torch_threads)
     from .adapters import FactoryAdapter, LanguageModelAdapter, PinThread
 
     bridge = jpype.JClass("smile.llm.python.Bridge")

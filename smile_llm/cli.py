@@ -71,6 +71,11 @@ def cmd_cache_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve-jvm"]:  # the JVM launcher parses its own arguments (java_bridge.launch)
+        from java_bridge.launch import run
+
+        return run(argv[1:])
     parser = argparse.ArgumentParser(prog="smile-llm", description="smile-llm: LLM serving core")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text (the embedded default model unless --model)")
@@ -93,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     cache.add_argument("--turns", type=int, default=6)
     cache.add_argument("--seed", type=int, default=7)
     cache.set_defaults(run=cmd_cache_demo)
+    sub.add_parser("serve-jvm", help="run a JVM application on the Python bridge: serve-jvm --classpath app.jar "
+                                     "--main com.example.App [--model DIR] -- args (see python -m java_bridge -h)")
     args = parser.parse_args(argv)
     return int(args.run(args))
 
