@@ -12,3 +12,13 @@ app.jar --main com.example.App -- args`` starts the JVM, registers the Python im
 
 Importing this package does not import JPype or start a JVM.
 """
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:  # ``java_bridge.bridge_jar`` / ``compile_java`` without importing build eagerly
+    if name in ("bridge_jar", "compile_java"):
+        from . import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module 'java_bridge' has no attribute {name!r}")
