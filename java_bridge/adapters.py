@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import jpype
+import jpype.nio
 import numpy as np
 import torch
 from jpype import JArray, JClass, JFloat, JImplements, JInt
@@ -88,6 +90,7 @@ class KvCachePoolAdapter:
     def __init__(self, pool: KvCachePool) -> None:
         self.pool = pool
         self._radix = RadixCacheAdapter(pool)
+        self._exported: dict[tuple[str, int], Any] = {}  # keeps exported memory alive as long as the adapter
 
     # geometry and counters
     def numLayers(self) -> int:  # noqa: N802
@@ -201,6 +204,25 @@ class KvCachePoolAdapter:
         k_in, v_in = self.pool.get(int(layer), int(length))
         k_out.copy_(k_in)
         v_out.copy_(v_in)
+
+    def _export(self, which: str, layer: int) -> Any:
+        key = (which, int(layer))
+        if key not in self._exported:
+            pool = self.pool
+            if pool.device.type != "cpu":
+                raise RuntimeError(f"the pool is on {pool.device}: its K/V stay in Python (use get/put with host "
+                                   f"buffers instead)")
+            t = pool.key_layer(int(layer)) if which == "k" else pool.value_layer(int(layer))
+            raw = t.view(torch.uint8).numpy()  # bytes of the pool's own storage, any dtype
+            buf = jpype.nio.convertToDirectBuffer(raw)
+            self._exported[key] = (raw, buf.order(JClass("java.nio.ByteOrder").nativeOrder()))
+        return self._exported[key][1]
+
+    def keyLayer(self, layer: int) -> Any:  # noqa: N802
+        return self._export("k", layer)
+
+    def valueLayer(self, layer: int) -> Any:  # noqa: N802
+        return self._export("v", layer)
 
     def slotIndices(self, length: int) -> np.ndarray:  # noqa: N802
         return np.asarray(self.pool.slot_indices(int(length)), dtype=np.int64)

@@ -68,6 +68,14 @@ public interface KvCachePool extends AutoCloseable {
     void put(int layer, int[] startPositions, int seqLen, ByteBuffer k, ByteBuffer v);
     /** Read positions {@code [0, length)} of every active row into {@code k} and {@code v} (pool dtype). */
     void get(int layer, int length, ByteBuffer k, ByteBuffer v);
+    /**
+     * The pool's own K buffer of {@code layer}, {@code [numSlots, numKvHeads, headDim]} values of the storage dtype
+     * in native byte order, shared without a copy (writes are seen by both sides). CPU pools only: on a GPU the
+     * KV stays in Python ({@link IllegalStateException}). The buffer stays valid after {@link #close()}.
+     */
+    ByteBuffer keyLayer(int layer);
+    /** The V buffer of {@code layer}; see {@link #keyLayer(int)}. */
+    ByteBuffer valueLayer(int layer);
     /** Physical slot ids of positions {@code [0, length)} of every active row, row-major. */
     long[] slotIndices(int length);
     /** Caller-owned, page-aligned slots (evicting from the tree if needed). */
