@@ -1,15 +1,17 @@
 """The Java interfaces of ``smile.llm`` implemented over ``smile_llm`` objects (JPype proxies).
 
 Every method goes through ``errors.bridged`` (Python errors arrive as Java exceptions with the Python message).
-Arguments: Java ``int[]`` arrive as JPype arrays and are read with one copy (``np.asarray``); K/V cross as direct
-``ByteBuffer``s in native byte order, viewed with ``torch.frombuffer`` from offset 0 without a copy. Returns are
-checked ints or numpy arrays of the declared Java type (JPype would silently truncate a float returned as a long).
+Arguments: Java ``int[]``/``long[]`` arrive as JPype arrays and are read with one copy (``np.array``); K/V cross
+as direct ``ByteBuffer``s in native byte order, viewed with ``torch.frombuffer`` from offset 0 without a copy.
+Returns are checked ints or numpy arrays of the declared Java type (JPype would silently truncate a float returned
+as a long).
 Listener callbacks into Java run while no Python lock is held (``generate`` calls them between steps).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import jpype
@@ -37,24 +39,37 @@ def _int(x: Any, what: str) -> int:
 
 
 def _ints(a: Any) -> np.ndarray:
-    """A Java ``int[]`` (or varargs) as int64 numpy (one copy); ValueError for null."""
+    """A Java ``int[]``/``long[]`` (or varargs) as int64 numpy (one copy); ValueError for null.
+
+    Always a copy: ``np.asarray`` of a ``long[]`` is a view of JPype's buffer over the Java array, and when that
+    view is released while an error unwinds (JPype 1.7.1 releases the array elements through JNI), the Java
+    exception already raised for the caller is dropped: ``free(long[])`` then returned normally instead of
+    throwing. (Direct ByteBuffer views do not have this problem.)"""
     if a is None:
         raise ValueError("array argument must not be null")
-    return np.asarray(a, dtype=np.int64)
+    return np.array(a, dtype=np.int64)
+
+
+_native_order: Any = None  # java.nio.ByteOrder.nativeOrder(), looked up once
 
 
 def _view(buf: Any, dtype: torch.dtype, shape: tuple[int, ...], what: str) -> torch.Tensor:
     """A zero-copy tensor over a direct ByteBuffer's first ``prod(shape)`` elements."""
+    global _native_order
     if buf is None:
         raise ValueError(f"{what} must not be null")
     if not buf.isDirect():
         raise ValueError(f"{what} must be a direct ByteBuffer (ByteBuffer.allocateDirect(n).order(nativeOrder()))")
-    if buf.order() != JClass("java.nio.ByteOrder").nativeOrder():
+    if _native_order is None:
+        _native_order = JClass("java.nio.ByteOrder").nativeOrder()
+    if buf.order() != _native_order:
         raise ValueError(f"{what} must be in native byte order: call .order(ByteOrder.nativeOrder())")
-    n = int(np.prod(shape))
-    need = n * torch.empty(0, dtype=dtype).element_size()
+    n = math.prod(shape)
+    need = n * dtype.itemsize
     if buf.capacity() < need:
         raise ValueError(f"{what} holds {buf.capacity()} bytes, need {need} for {list(shape)} {dtype}")
+    if n == 0:  # torch.frombuffer rejects count=0; an empty put/get is valid (the pool treats it as a no-op)
+        return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype, count=n).view(shape)
 
 

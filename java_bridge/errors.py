@@ -53,7 +53,10 @@ def translated(fn: Callable[..., T]) -> Callable[..., T]:
         try:
             return fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - everything crosses as a Java exception
-            raise to_java(exc) from exc
+            mapped = to_java(exc)
+            if mapped is exc:
+                raise  # a Java exception from a callback: unchanged, cause and all
+            raise mapped from exc
 
     return wrapper
 

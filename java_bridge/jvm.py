@@ -13,9 +13,10 @@ def start_jvm(classpath: list[str | Path] | None = None, jvm_args: list[str] | N
     """Start the JVM with the bridge jar plus ``classpath`` (idempotent: a running JVM is kept, and then the extra
     class path cannot be added). Returns the ``jpype`` module. ImportError if JPype is not installed.
 
-    ``torch_threads`` (default 1; None leaves torch alone) sets torch's intra-op threads: when Java calls into
-    torch, its OpenMP workers contend with the JVM's threads, and on a 2-core machine ``generate()`` called from
-    Java ran 40x slower with torch's default of 2 threads than with 1 (7.6 against 341 tokens/s)."""
+    ``torch_threads`` (default 1; None leaves torch alone) sets torch's intra-op threads. On a small CPU the OpenMP
+    workers of torch's default spin against every other busy thread (the JVM's included): on a loaded 2-core
+    machine ``generate()`` called from Java ran at 7.6 tokens/s with 2 threads and 341 with 1; on an idle one the
+    two were equal. One thread is the safe default for the small models a CPU serves."""
     import jpype
 
     if torch_threads is not None:

@@ -1,0 +1,113 @@
+package bridgetest;
+
+import static bridgetest.Check.check;
+import static bridgetest.Check.eq;
+
+import java.util.ArrayList;
+import java.util.List;
+import smile.llm.Completion;
+import smile.llm.GenerationListener;
+import smile.llm.GenerationListeners;
+import smile.llm.LanguageModel;
+
+/** Generation from Java through {@code smile.llm.LanguageModel}, with Java listeners. */
+public final class GenerationDrivers {
+    private GenerationDrivers() {}
+
+    /** Records every callback as "event:value". */
+    public static final class Recorder implements GenerationListener {
+        public final List<String> events = new ArrayList<>();
+        public final StringBuilder text = new StringBuilder();
+        public int input = -1, cached = -1, generated;
+
+        @Override public void onInputTokens(int n) { events.add("in:" + n); input = n; }
+        @Override public void onCachedInputTokens(int n) { events.add("cache:" + n); cached = n; }
+        @Override public void onGeneratedTokens(int n) { events.add("gen:" + n); generated += n; }
+        @Override public void onThinkingTokens(int n) { events.add("think:" + n); }
+        @Override public void onText(String chunk) { events.add("text:" + chunk); text.append(chunk); }
+    }
+
+    /**
+     * Generates with a recording listener and checks, in Java, what a listener may rely on: input counts first
+     * and once, cached never above input, one generated event per token, the streamed text equal to the
+     * completion's, chunks never empty, logprobs one per token when asked.
+     */
+    public static Completion generate(LanguageModel lm, int[] prompt, int maxGenLen, double temperature, long seed,
+                                      boolean logprobs) {
+        Recorder r = new Recorder();
+        Completion c = lm.generate(prompt, maxGenLen, temperature, 1.0, logprobs, seed, r);
+        eq("in:" + prompt.length, r.events.get(0), "first event");
+        check(r.events.get(1).startsWith("cache:"), "second event is the cached count: " + r.events.get(1));
+        check(r.cached >= 0 && r.cached <= r.input, "cached " + r.cached + " within input " + r.input);
+        for (int i = 2; i < r.events.size(); i++) {
+            String e = r.events.get(i);
+            check(e.startsWith("gen:") || e.startsWith("text:"), "event " + i + " is " + e);
+            check(!e.equals("text:"), "empty text chunk at event " + i);
+        }
+        eq(c.tokens().length, r.generated, "generated events");
+        eq(c.text(), r.text.toString(), "listener text equals Completion.text()");
+        eq(prompt, c.prompt(), "Completion.prompt()");
+        check(c.tokens().length <= maxGenLen, "at most maxGenLen tokens");
+        check(c.finishReason().equals("stop") || c.finishReason().equals("length"), "finishReason");
+        if (logprobs) {
+            check(c.logprobs() != null, "logprobs requested");
+            eq(c.tokens().length, c.logprobs().length, "one logprob per token");
+            for (float lp : c.logprobs()) check(lp <= 0f && !Float.isNaN(lp), "logprob " + lp);
+        } else {
+            check(c.logprobs() == null, "logprobs not requested");
+        }
+        check(c.statsJson().contains("\"cached_tokens\": " + r.cached + ","),
+                "onCachedInputTokens(" + r.cached + ") matches the stats: " + c.statsJson());
+        eq(0, lm.kvCachePool().boundRequestCount(), "generate leaves nothing bound");
+        lm.kvCachePool().checkInvariants();
+        return c;
+    }
+
+    /** Smile's GenerationListenersTest: compose fans out in argument order, skipping nulls. */
+    public static String[] composeOrder() {
+        Recorder a = new Recorder(), b = new Recorder();
+        List<String> both = new ArrayList<>();
+        GenerationListener tagA = tag("a", both), tagB = tag("b", both);
+        GenerationListener l = GenerationListeners.compose(a, null, b, tagA, tagB);
+        l.onInputTokens(10);
+        l.onCachedInputTokens(4);
+        l.onGeneratedTokens(3);
+        l.onThinkingTokens(2);
+        l.onText("hi");
+        List<String> want = List.of("in:10", "cache:4", "gen:3", "think:2", "text:hi");
+        eq(want, a.events, "first listener");
+        eq(want, b.events, "second listener");
+        eq(List.of("a:in:10", "b:in:10", "a:cache:4", "b:cache:4", "a:gen:3", "b:gen:3", "a:think:2",
+                "b:think:2", "a:text:hi", "b:text:hi"), both, "argument order per event");
+        check(GenerationListeners.compose() == null, "compose() == null");
+        check(GenerationListeners.compose((GenerationListener) null) == null, "compose(null) == null");
+        check(GenerationListeners.compose((GenerationListener[]) null) == null, "compose((L[]) null) == null");
+        check(GenerationListeners.compose(a) == a, "compose(a) == a");
+        check(GenerationListeners.compose(null, a, null) == a, "compose(null, a, null) == a");
+        return both.toArray(new String[0]);
+    }
+
+    private static GenerationListener tag(String name, List<String> out) {
+        return new GenerationListener() {
+            @Override public void onInputTokens(int n) { out.add(name + ":in:" + n); }
+            @Override public void onCachedInputTokens(int n) { out.add(name + ":cache:" + n); }
+            @Override public void onGeneratedTokens(int n) { out.add(name + ":gen:" + n); }
+            @Override public void onThinkingTokens(int n) { out.add(name + ":think:" + n); }
+            @Override public void onText(String chunk) { out.add(name + ":text:" + chunk); }
+        };
+    }
+
+    /** toPublisher delivers onText chunks (and only those) to the publisher's subscribers. */
+    public static String publisherChunks(LanguageModel lm, int[] prompt, int maxGenLen) throws Exception {
+        StringBuilder got = new StringBuilder();
+        java.util.concurrent.CountDownLatch done = new java.util.concurrent.CountDownLatch(1);
+        try (java.util.concurrent.SubmissionPublisher<String> pub = new java.util.concurrent.SubmissionPublisher<>()) {
+            pub.consume(got::append).thenRun(done::countDown);
+            Completion c = lm.generate(prompt, maxGenLen, 0.0, 1.0, false, 0L, GenerationListeners.toPublisher(pub));
+            pub.close();
+            check(done.await(10, java.util.concurrent.TimeUnit.SECONDS), "publisher completed");
+            eq(c.text(), got.toString(), "published text");
+        }
+        return got.toString();
+    }
+}

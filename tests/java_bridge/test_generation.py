@@ -1,0 +1,84 @@
+"""Generation from Java through ``smile.llm.LanguageModel`` with Java listeners, against Python's ``generate``."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from .conftest import Jvm, require_java
+
+require_java()
+
+NEW_TOKENS = 8 if os.environ.get("SMILE_TEST_SCALE", "full") == "ci" else 24
+PROMPT = "def fib(n):\n"
+
+
+def java_generate(jvm: Jvm, prompt: list[int], n: int, temperature: float = 0.0, seed: int = 0,
+                  logprobs: bool = False) -> Any:
+    """``LanguageModel.generate`` called from Java with a recording listener; the listener checks run in Java."""
+    drivers = jvm.cls("bridgetest.GenerationDrivers")
+    try:
+        return drivers.generate(jvm.bridge.languageModel(), prompt, n, temperature, seed, logprobs)
+    except jvm.jpype.JException as exc:
+        pytest.fail(f"generate from Java failed:\n{exc.stacktrace()}", pytrace=False)
+
+
+@pytest.fixture
+def prompt(jvm: Jvm) -> list[int]:
+    lm = jvm.jpype.JObject(jvm.model_adapter, jvm.cls("smile.llm.LanguageModel"))  # called through Java
+    return [int(t) for t in lm.encode(PROMPT)]
+
+
+def test_the_registered_model_is_the_adapter(jvm: Jvm, prompt: list[int]) -> None:
+    lm = jvm.bridge.languageModel()
+    assert prompt == jvm.model.encode(PROMPT)
+    assert int(lm.vocabSize()) == jvm.model.config.vocab_size
+    assert int(lm.maxSeqLen()) == jvm.model.max_seq_len
+    assert str(lm.decode(prompt)) == PROMPT
+    assert int(lm.kvCachePool().numSlots()) == jvm.model.pool.num_slots
+
+
+def test_greedy_tokens_and_text_equal_python_generate(jvm: Jvm, prompt: list[int]) -> None:
+    c = java_generate(jvm, prompt, NEW_TOKENS)  # listener text == Completion.text() is checked in Java
+    py = jvm.model.generate(prompt, NEW_TOKENS)
+    assert [int(t) for t in c.tokens()] == py.tokens
+    assert str(c.text()) == py.text
+    assert str(c.finishReason()) == py.finish_reason
+    assert [int(t) for t in c.prompt()] == prompt
+    assert c.logprobs() is None
+    stats = json.loads(str(c.statsJson()))
+    assert stats["prompt_tokens"] == len(prompt) and stats["generated_tokens"] == len(py.tokens)
+
+
+def test_logprobs_one_per_token_and_equal_to_python(jvm: Jvm, prompt: list[int]) -> None:
+    c = java_generate(jvm, prompt, NEW_TOKENS, logprobs=True)
+    py = jvm.model.generate(prompt, NEW_TOKENS, logprobs=True)
+    assert py.logprobs is not None
+    assert len(c.logprobs()) == len(c.tokens()) == len(py.tokens)
+    assert [float(x) for x in c.logprobs()] == pytest.approx(py.logprobs, abs=1e-4)
+
+
+def test_seeded_sampling_equals_python(jvm: Jvm, prompt: list[int]) -> None:
+    c = java_generate(jvm, prompt, NEW_TOKENS, temperature=0.8, seed=1234)
+    py = jvm.model.generate(prompt, NEW_TOKENS, temperature=0.8, seed=1234)
+    assert [int(t) for t in c.tokens()] == py.tokens
+
+
+def test_repeat_prompt_reuses_the_cached_prefix(jvm: Jvm) -> None:
+    long_prompt = jvm.model.encode(PROMPT * 4)  # 48 tokens: the repeat matches two 16-token pages
+    java_generate(jvm, long_prompt, 2)
+    c = java_generate(jvm, long_prompt, 2)  # the Java listener's cached count is checked against the input
+    assert json.loads(str(c.statsJson()))["cached_tokens"] == 32
+
+
+def test_compose_fans_out_in_argument_order(jvm: Jvm) -> None:
+    both = [str(e) for e in jvm.cls("bridgetest.GenerationDrivers").composeOrder()]  # asserts in Java
+    assert both[:2] == ["a:in:10", "b:in:10"] and both[-1] == "b:text:hi"
+
+
+def test_to_publisher_streams_the_text(jvm: Jvm, prompt: list[int]) -> None:
+    text = str(jvm.cls("bridgetest.GenerationDrivers").publisherChunks(jvm.bridge.languageModel(), prompt, 4))
+    assert text == jvm.model.generate(prompt, 4).text

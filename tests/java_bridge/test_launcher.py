@@ -1,0 +1,110 @@
+"""The launcher, ``python -m java_bridge``, in fresh processes: exit codes, stack traces, System.exit and the
+cleanup hook, launcher errors, and the Bridge's message when an application runs without it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import require_java
+
+require_java()
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 180
+
+# Runs the real launcher with FactoryAdapter._close_all (what the launcher's shutdown hook calls) wrapped to
+# record, in the file named by argv[1], whether every pool the application made is closed. Python's atexit and
+# finally blocks do not run after System.exit, so only the Java shutdown hook can write it.
+CLEANUP_PROBE = """
+import sys
+from java_bridge import adapters, launch
+
+marker = sys.argv[1]
+close_all = adapters.FactoryAdapter._close_all
+
+def recording_close_all(self):
+    close_all(self)
+    with open(marker, "w") as f:
+        f.write(" ".join(f"closed={p.closed}" for p in self.pools))
+
+adapters.FactoryAdapter._close_all = recording_close_all
+sys.exit(launch.run(sys.argv[2:]))
+"""
+
+
+def launch(classes: Path, main: str, *args: str, options: tuple[str, ...] = ("--no-model",),
+           classpath: str | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "java_bridge", "--classpath", str(classes) if classpath is None else classpath,
+           "--main", main, *options, "--", *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def test_main_returns_exit_0(java_classes: Path) -> None:
+    done = launch(java_classes, "bridgetest.apps.ReturnsApp", "a b", "c")
+    assert done.returncode == 0, done.stderr
+    assert "ReturnsApp id=1 bound=1 args=a b|c" in done.stdout
+
+
+def test_main_throws_exit_1_with_the_java_stack_trace(java_classes: Path) -> None:
+    done = launch(java_classes, "bridgetest.apps.ThrowsApp", "x", "y")
+    assert done.returncode == 1, done.stderr
+    assert "java.lang.IllegalStateException: ThrowsApp failed on purpose with 2 args" in done.stderr
+    assert "at bridgetest.apps.ThrowsApp.fail(ThrowsApp.java:" in done.stderr
+    assert "at bridgetest.apps.ThrowsApp.main(ThrowsApp.java:" in done.stderr
+
+
+def test_system_exit_code_and_the_cleanup_hook_closes_pools(java_classes: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "cleanup.txt"
+    cmd = [sys.executable, "-c", CLEANUP_PROBE, str(marker), "--classpath", str(java_classes),
+           "--main", "bridgetest.apps.ExitApp", "--no-model", "--", "7"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 7, done.stderr
+    assert "ExitApp exiting with 7" in done.stdout
+    assert marker.read_text() == "closed=True", "the launcher's shutdown hook did not close the app's pool"
+
+
+def test_missing_class_exits_2_with_a_clear_message(java_classes: Path) -> None:
+    done = launch(java_classes, "bridgetest.apps.NoSuchApp")
+    assert done.returncode == 2
+    assert f"java_bridge: class bridgetest.apps.NoSuchApp not found on the class path ['{java_classes}']" \
+        in done.stderr
+
+
+def test_nonexistent_class_path_entry_exits_2(java_classes: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.jar"
+    done = launch(java_classes, "bridgetest.apps.ReturnsApp", classpath=f"{java_classes}{os.pathsep}{missing}")
+    assert done.returncode == 2
+    assert f"java_bridge: class path entries not found: ['{missing}']" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_language_model_without_a_model_throws_with_the_launcher_hint(java_classes: Path) -> None:
+    done = launch(java_classes, "bridgetest.apps.ModelApp")
+    assert done.returncode == 1, done.stderr
+    assert "java.lang.IllegalStateException: no Python implementation registered as 'model'" in done.stderr
+    assert "python -m java_bridge --classpath <app.jar> --main <class>" in done.stderr
+    assert "at bridgetest.apps.ModelApp.main(ModelApp.java:" in done.stderr
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="no java launcher on PATH")
+def test_without_the_launcher_the_bridge_says_how_to_start(java_classes: Path) -> None:
+    from java_bridge.build import bridge_jar
+
+    cp = os.pathsep.join([str(bridge_jar()), str(java_classes)])
+    done = subprocess.run(["java", "-cp", cp, "bridgetest.apps.ReturnsApp"], capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert done.returncode == 1
+    assert "java.lang.IllegalStateException: the Python bridge is not running: start the application with " \
+           "python -m java_bridge --classpath <app.jar> --main <class>" in done.stderr
+
+
+def test_language_model_with_the_default_model(java_classes: Path) -> None:
+    done = launch(java_classes, "bridgetest.apps.ModelApp", options=())
+    assert done.returncode == 0, done.stderr
+    assert "ModelApp vocab=" in done.stdout
