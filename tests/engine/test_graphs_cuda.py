@@ -44,9 +44,29 @@ def model_dir(tmp_path_factory):
     return folder
 
 
+_live: list[LanguageModel] = []
+
+
 def load(model_dir, graphs=True, max_batch_size=4):
-    return LanguageModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16, page_size=4,
-                                         max_batch_size=max_batch_size, max_seq_len=256, cuda_graphs=graphs)
+    """A model whose pool takes SGLang's mem-fraction share of the GPU: one at a time (``close_models``)."""
+    close_models()
+    lm = LanguageModel.from_pretrained(model_dir, device="cuda", dtype=torch.bfloat16, page_size=4,
+                                       max_batch_size=max_batch_size, max_seq_len=256, cuda_graphs=graphs,
+                                       mem_fraction=0.5)
+    _live.append(lm)
+    return lm
+
+
+def close_models():
+    while _live:
+        _live.pop().close()
+    torch.cuda.empty_cache()
+
+
+@pytest.fixture(autouse=True)
+def _one_model_at_a_time():
+    yield
+    close_models()
 
 
 def assert_close(graph, eager):
@@ -125,11 +145,13 @@ def test_ragged_verify_graph_captures_once_per_contiguous_batch(model_dir):
 
 @pytest.mark.parametrize("spec", [0, 3])
 def test_generate_with_graphs_equals_generate_without(model_dir, spec):
-    with_graphs, without = load(model_dir, True), load(model_dir, False)
-    assert with_graphs.decoder.decode_graphs is not None and without.decoder.decode_graphs is None
     prompt = list(range(30, 70))
-    a = with_graphs.generate(prompt, 60, speculative_tokens=spec)
+    without = load(model_dir, False)
+    assert without.decoder.decode_graphs is None
     b = without.generate(prompt, 60, speculative_tokens=spec)
+    with_graphs = load(model_dir, True)  # closes the first: each pool takes half of the GPU
+    assert with_graphs.decoder.decode_graphs is not None
+    a = with_graphs.generate(prompt, 60, speculative_tokens=spec)
     assert a.tokens == b.tokens
     used = with_graphs.decoder.verify_graphs if spec else with_graphs.decoder.decode_graphs
     assert used.captures >= 1
