@@ -325,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     kv_bytes = 2 * num_slots * HEAD_DIM * 4
     print(f"  KV buffers {kv_bytes / 2**20:.1f} MiB (torch, not traced); maxrss "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (whole process, incl. the trace)")
+    if not args.no_peer:
+        print(f"headline: cache trace hit rate {r.stats['prefix_hit_rate']:.3f}, {ratio:.2f}x fewer prompt tokens "
+              f"computed with reuse, {served / statistics.median(x.pool_seconds for x in runs[True]):,.0f} "
+              f"requests/s in pool calls")
     print("check_invariants: passed at the end of every run"
           + (f", and every {args.check_every} requests with the KV read back and verified" if args.check_every
              else ""))

@@ -268,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         miss = [r for r in rows if r.ratio < 0.9]
         print(f"\n{len(rows) - len(miss)} of {len(rows)} rows meet raw/ours >= 0.9 "
               f"(load average at the end {', '.join(f'{x:.2f}' for x in os.getloadavg())})")
+        headline = (f"headline: put/get {len(rows) - len(miss)} of {len(rows)} rows meet raw/ours >= 0.9 "
+                    f"(worst {min(r.ratio for r in rows):.2f})")
         if not args.no_overhead:
             print("\nfixed per-call overhead on a tiny layout (1 KV head x head_dim 8, float32): ours - raw")
             tiny: list[Row] = []
@@ -279,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if gc_was:
             gc.enable()
+    print(headline)
     return 0
 
 

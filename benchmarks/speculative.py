@@ -106,6 +106,9 @@ def main() -> None:
         lines.append(f"| {mode} | {k} | {mean_len:.2f} | {fpt:.3f} | {t:.1f} | {r:.2f}x | yes | {h} |")
     report = "\n".join(lines)
     print(report)
+    best = max(rows, key=lambda r: r[4])
+    print(f"headline: MTP speculative {best[4]:.2f}x plain decode (best: {best[0][0]} k={best[0][1]}, mean accepted "
+          f"length {best[1]:.2f}); outputs identical")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "speculative.md").write_text(report + "\n")

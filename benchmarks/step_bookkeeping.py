@@ -95,6 +95,7 @@ def main() -> None:
                 worst = max(worst, ratio)
                 print(f"{kind:8} {batch:>3} {ctx:>6} {us:>9.1f} {ratio:>7.2f}")
     print(f"worst cost(ctx)/cost(1k): {worst:.2f} (goal <= 1.5)")
+    print(f"headline: step bookkeeping worst cost(ctx)/cost(1k) {worst:.2f} (goal <= 1.5)")
 
 
 if __name__ == "__main__":
