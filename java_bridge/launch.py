@@ -23,6 +23,7 @@ from typing import Any
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    """The launcher's options from ``argv`` (argparse: exits with 2 on bad arguments)."""
     p = argparse.ArgumentParser(prog="python -m java_bridge", description=__doc__.split("\n\n")[0])
     p.add_argument("--classpath", "--cp", default="", help=f"the application's class path ({os.pathsep}-separated)")
     p.add_argument("--main", required=True, help="the class whose main(String[]) to run")
@@ -37,6 +38,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def run(argv: list[str]) -> int:
+    """Run the launcher (see the module docstring) and return its exit code: 0 when ``main`` returns, 1 when it throws,
+    2 for a missing class path entry, class or ``main``."""
     args = parse(argv)
     entries = [e for e in args.classpath.split(os.pathsep) if e]
     missing = [e for e in entries if not Path(e).exists()]
@@ -88,4 +91,5 @@ def run(argv: list[str]) -> int:
 
 
 def main() -> None:
+    """``python -m java_bridge``: ``run(sys.argv[1:])`` and exit with its code."""
     sys.exit(run(sys.argv[1:]))

@@ -32,6 +32,8 @@ def _print_stats(completion: Any) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    """``smile-llm generate``: stream a completion of ``--prompt`` (``\\n`` and ``\\t`` escapes expanded) to stdout and
+    print its finish reason and stats. Returns the exit code: 0, or 2 with the message on stderr for bad input."""
     lm = _load(args.model)
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")  # the shell passes \n literally
     try:
@@ -64,6 +66,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_cache_demo(args: argparse.Namespace) -> int:
+    """``smile-llm cache-demo``: run ``demo.run_demo`` (a multi-turn chat through the KV pool alone). Returns 0."""
     from .demo import run_demo
 
     run_demo(turns=args.turns, seed=args.seed)
@@ -71,6 +74,9 @@ def cmd_cache_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``smile-llm`` (and ``python -m smile_llm``): parse ``argv`` (default ``sys.argv[1:]``) and run the
+    sub-command; ``serve-jvm`` hands its arguments to ``java_bridge.launch.run``. Returns the exit code; argparse exits
+    with 2 on bad arguments."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve-jvm"]:  # the JVM launcher parses its own arguments (java_bridge.launch)
         from java_bridge.launch import run

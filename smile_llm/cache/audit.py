@@ -68,6 +68,10 @@ def _slots(node: TreeNode) -> np.ndarray:
 
 
 def check_invariants(pool: KvCachePool) -> None:
+    """Audit ``pool`` (``KvCachePool.check_invariants``): every page is claimed exactly once (free list, tree, one
+    binding's private pages, a caller, prefetch scratch), the tree's sizes and lock counts add up, and every binding's
+    page table and ``kv_len`` agree with it. Raises ``KvCacheCorruptionError`` naming the first broken page or count;
+    changes nothing."""
     ps = pool.page_size
     pages, radix, table, step = pool._pages, pool._radix, pool._table, pool._step
     claims = _Claims(pages.num_pages)
@@ -154,6 +158,10 @@ def check_invariants(pool: KvCachePool) -> None:
 
 
 def stats(pool: KvCachePool) -> dict[str, Any]:
+    """A snapshot of ``pool`` (``KvCachePool.stats``): pages by owner (``free_pages``, ``tree_pages``,
+    ``private_pages``, ``caller_pages``, ``scratch_pages``), bound/offloaded requests, the active batch, the tree's
+    cached/evictable/protected tokens, the cumulative prefix counters and ``prefix_hit_rate`` (match / prompt tokens,
+    0.0 before any bind). Changes nothing."""
     pages, radix, table = pool._pages, pool._radix, pool._table
     prompt, match = pool.prefix_prompt_tokens, pool.prefix_match_tokens
     return {

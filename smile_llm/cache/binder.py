@@ -123,6 +123,8 @@ class Binder:
         b.offload = None
 
     def alloc(self, num_pages: int) -> np.ndarray:
+        """Slot ids of ``num_pages`` whole pages handed to a caller (owner ``CALLER``), evicting unlocked tree pages as
+        needed; the pool has checked that they fit."""
         return page_slots(self.take(num_pages, PageOwner.CALLER), self.page_size)
 
     def caller_pages_of(self, slots: np.ndarray) -> np.ndarray:
@@ -148,6 +150,8 @@ class Binder:
         return pages
 
     def free(self, pages: np.ndarray) -> None:
+        """Return ``pages`` (already checked by the pool to be caller-owned, no duplicates) to the tail of the free
+        list."""
         self.pages.release(pages)
 
     def offload(self, b: Binding) -> OffloadedKv:

@@ -19,6 +19,10 @@ from .radix import TreeNode
 
 @dataclass(eq=False)
 class Binding:
+    """One request's claim on the pool: a page-aligned capacity, a matched prefix of tree-owned pages (locked through
+    ``locked_node``), private pages for the rest, and its row in ``BindingTable.kv_len``. Mutated only by the pool under
+    its lock."""
+
     request_id: int
     row: int  # index into BindingTable.kv_len
     page_ids: np.ndarray  # int64[capacity / page_size]; only the prefix pages while offloaded
@@ -30,9 +34,11 @@ class Binding:
     offload: OffloadedKv | None = field(default=None)
 
     def num_prefix_pages(self, page_size: int) -> int:
+        """Pages of the tree-owned matched prefix (``matched_len // page_size``)."""
         return self.matched_len // page_size
 
     def private_pages(self, page_size: int) -> np.ndarray:
+        """The binding's own page ids (a view): every page after the matched prefix."""
         return self.page_ids[self.matched_len // page_size :]
 
 
@@ -61,10 +67,13 @@ class BindingTable:
         return self._next_id
 
     def get(self, request_id: int) -> Binding | None:
+        """The binding of ``request_id``, or None when it is not bound."""
         return self._by_id.get(request_id)
 
     def add(self, page_ids: np.ndarray, capacity: int, matched_len: int, prefix_tokens: np.ndarray,
             locked_node: TreeNode | None, exclusive: bool) -> Binding:
+        """Register a new binding under the next id (positive, never reused) with ``kv_len`` starting at
+        ``matched_len``; grows the ``kv_len`` array when every row is taken. Returns the binding."""
         if not self._free_rows:
             old = len(self.kv_len)
             self.kv_len = np.concatenate([self.kv_len, np.zeros(old, dtype=np.int64)])
@@ -77,9 +86,11 @@ class BindingTable:
         return binding
 
     def remove(self, binding: Binding) -> None:
+        """Drop ``binding`` from the table and free its ``kv_len`` row (KeyError if it is not registered)."""
         del self._by_id[binding.request_id]
         self.kv_len[binding.row] = 0
         self._free_rows.append(binding.row)
 
     def kv_len_of(self, binding: Binding) -> int:
+        """The written-prefix length (``kv_len``) of ``binding``."""
         return int(self.kv_len[binding.row])

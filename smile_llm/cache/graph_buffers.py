@@ -45,6 +45,9 @@ class DecodeGraphBuffers:
 
     @torch.inference_mode(False)  # fixed buffers outlive the forward that creates them
     def point_at(self, step: ActiveStep, positions: np.ndarray, slots: np.ndarray, scratch: bool) -> None:
+        """Rewrite the fixed ``[B]`` write index of this batch size in place with ``slots`` (created once per batch
+        size, never moved) and remember the step and ``positions`` it was prepared for; ``scratch`` marks a prefetch
+        writing to scratch slots."""
         index = self._by_batch.get(step.batch)
         if index is None:  # graphs keyed to another batch keep theirs: a shape's buffer never moves
             index = self._by_batch[step.batch] = torch.zeros(step.batch, dtype=torch.int64, device=self.device)
@@ -53,6 +56,8 @@ class DecodeGraphBuffers:
         self.prepared_for, self.positions, self.scratch = step, positions.copy(), scratch
 
     def forget(self) -> None:
+        """Mark the buffer unprepared (the next graph-mode put raises until a step is prepared again); the tensors are
+        kept."""
         self.prepared_for, self.positions, self.scratch = None, None, False
 
     def prepare(self, step: ActiveStep, kv_len: np.ndarray, cache_len: Any, positions: Any) -> FlashInferKvMetadata:
@@ -128,6 +133,8 @@ class VerifyGraphBuffers:
 
     @torch.inference_mode(False)  # fixed buffers outlive the forward that creates them
     def write_index(self, step: ActiveStep, starts: np.ndarray, window: int) -> None:
+        """Rewrite the fixed ``[B * window]`` write index of this (batch, window) in place with the slots of positions
+        ``starts[b] + [0, window)`` of every active row, and remember what it was prepared for."""
         key = (step.batch, window)
         index = self._by_shape.get(key)
         if index is None:
@@ -137,6 +144,8 @@ class VerifyGraphBuffers:
         self.prepared_for, self.starts, self.window = step, starts.copy(), window
 
     def index_for(self, step: ActiveStep, start: np.ndarray, seqlen: int) -> torch.Tensor:
+        """The prepared verify write index for a put of ``seqlen`` positions at ``start``. RuntimeError if none was
+        prepared for this step and window; ValueError if ``start`` differs from the prepared start positions."""
         if self.index is None or self.prepared_for is not step or self.starts is None or self.window != seqlen:
             raise RuntimeError(f"verify KV index buffer not prepared for batch {step.batch}, seqlen {seqlen}; call "
                                f"prepare_verify_graph_step or prepare_verify_step first")
@@ -160,6 +169,8 @@ class VerifyGraphBuffers:
 
     @torch.inference_mode(False)  # fixed buffers outlive the forward that creates them
     def qo_indptr(self, batch: int, window: int) -> torch.Tensor:
+        """The fixed int32 query indptr ``[0, W, 2W, .., B*W]`` of (``batch``, ``window``): one tensor per shape for the
+        pool's life."""
         key = (batch, window)
         t = self._qo_indptr.get(key)
         if t is None:
@@ -168,6 +179,7 @@ class VerifyGraphBuffers:
         return t
 
     def forget(self) -> None:
+        """Mark the verify write index unprepared; the tensors are kept."""
         self.prepared_for, self.starts, self.window = None, None, 0
 
 
@@ -185,6 +197,10 @@ class PrefetchState:
 
     def begin(self, step: ActiveStep, decode: DecodeGraphBuffers, binder: Binder, kv_len: np.ndarray, cache_len: Any,
               cache_pos: Any, batch: Any) -> FlashInferKvMetadata:
+        """Start a decode-graph prefetch for the next page bucket: writes of the prepared step go to pool-owned scratch
+        slots (allocated on first use) and the returned CSR describes ``cache_len`` tokens over the live page table.
+        ValueError if ``batch`` is not the active batch or the lengths are out of range; RuntimeError if a prefetch is
+        already in progress."""
         if batch != step.batch:
             raise ValueError(f"prefetch for batch {batch} but the active step has {step.batch} rows")
         if self.active:
@@ -215,6 +231,8 @@ class PrefetchState:
         return self.meta
 
     def end(self, step: ActiveStep | None, decode: DecodeGraphBuffers) -> FlashInferKvMetadata:
+        """End the prefetch: restore the live step CSR (or clear it if the step changed meanwhile), forget the scratch
+        write index and return the prefetch CSR. RuntimeError if no prefetch is in progress."""
         meta = self.meta
         if not self.active or meta is None:
             raise RuntimeError("no prefetch in progress; call begin_prefetch_decode_graph_step first")

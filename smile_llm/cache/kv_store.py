@@ -121,6 +121,8 @@ class KvStore:
         self._v_raw.index_copy_(1, slots, v_raw.to(self.device))
 
     def read_page(self, layer: int, page: int) -> tuple[bytes, bytes]:
+        """The raw bytes of K and V of ``page`` on ``layer`` (``page_size * Hkv * D`` elements each, in the storage
+        dtype), copied to the host."""
         ps = self.page_size
         k = self.key_cache[layer, page * ps : (page + 1) * ps].contiguous().cpu().view(torch.uint8)
         v = self.value_cache[layer, page * ps : (page + 1) * ps].contiguous().cpu().view(torch.uint8)

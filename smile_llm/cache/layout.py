@@ -27,7 +27,20 @@ def ceil_page(n: int, page_size: int) -> int:
 
 @dataclass(frozen=True)
 class KvCacheLayout:
-    """Per-pool geometry: layers, KV heads, head size and the largest batch and sequence it must serve."""
+    """Per-pool geometry: layers, KV heads, head size and the largest batch and sequence it must serve. ValueError
+    unless every field is an int >= 1.
+
+    >>> import torch
+    >>> layout = KvCacheLayout.of(32, 4096, 32, 8, max_batch_size=4, max_seq_len=8192)   # an 8B Llama shape
+    >>> layout
+    KvCacheLayout(num_layers=32, num_kv_heads=8, head_dim=128, max_batch_size=4, max_seq_len=8192)
+    >>> layout.bytes_per_token(torch.bfloat16)   # 2 (K and V) * 32 * 8 * 128 * 2 bytes
+    131072
+    >>> KvCacheLayout.of(2, 100, 3)
+    Traceback (most recent call last):
+        ...
+    ValueError: ...
+    """
 
     num_layers: int
     num_kv_heads: int

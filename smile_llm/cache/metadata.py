@@ -29,6 +29,7 @@ class FlashInferKvMetadata:
 
     @property
     def batch_size(self) -> int:
+        """Rows described (the length of ``last_page_len``)."""
         return int(self.last_page_len.shape[0])
 
     def kv_lens(self) -> np.ndarray:
@@ -120,10 +121,12 @@ class StepCsr:
         self.lengths: np.ndarray | None = None  # int64[B] the CSR describes
 
     def clear(self) -> None:
+        """Forget the step CSR; the next ``get`` rebuilds it."""
         self.meta = None
         self.lengths = None
 
     def install(self, meta: FlashInferKvMetadata, lengths: np.ndarray) -> None:
+        """Make ``meta`` (describing ``lengths``, copied) the step CSR, e.g. a prefetched one."""
         self.meta, self.lengths = meta, lengths.copy()
 
     def try_bump(self, lengths: np.ndarray) -> bool:
@@ -146,6 +149,9 @@ class StepCsr:
         return True
 
     def get(self, page_table: np.ndarray, lengths: np.ndarray) -> tuple[FlashInferKvMetadata, str]:
+        """The step CSR for ``lengths`` and how it was obtained: ``"reuse"`` (unchanged), ``"bump"`` (same tensors,
+        ``last_page_len`` rewritten) or ``"rebuild"`` (new tensors from ``page_table``). ValueError from the builder if
+        a length needs more pages than a row has."""
         if self.meta is not None and self.lengths is not None and np.array_equal(self.lengths, lengths):
             return self.meta, "reuse"
         if self.try_bump(lengths):

@@ -21,4 +21,5 @@ class OffloadedKv:
 
     @property
     def nbytes(self) -> int:
+        """Host bytes held by the offloaded K and V."""
         return self.k_raw.numel() * self.k_raw.element_size() + self.v_raw.numel() * self.v_raw.element_size()

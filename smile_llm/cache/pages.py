@@ -19,6 +19,9 @@ from .errors import KvCacheCorruptionError
 
 
 class PageOwner(IntEnum):
+    """The state of a page: FREE (on the free list), TREE (owned by the radix prefix tree), PRIVATE (one binding's),
+    CALLER (handed out by ``alloc``), SCRATCH (reserved by the pool for decode-graph prefetch until ``close``)."""
+
     FREE = 0
     TREE = 1
     PRIVATE = 2
@@ -47,6 +50,7 @@ class PageAllocator:
 
     @property
     def free_pages(self) -> int:
+        """Pages on the free list."""
         return self._count
 
     def free_list(self) -> np.ndarray:
@@ -55,6 +59,7 @@ class PageAllocator:
         return self._ring[idx]
 
     def count(self, owner: PageOwner) -> int:
+        """Pages whose owner is ``owner`` (O(num_pages))."""
         return int(np.count_nonzero(self.owner == owner))
 
     def take(self, n: int, owner: PageOwner, holder: int = NO_HOLDER) -> np.ndarray:

@@ -160,6 +160,7 @@ class KvCachePool:
 
     @property
     def closed(self) -> bool:
+        """True after ``close()`` (every other call then raises RuntimeError)."""
         return self._closed
 
     # ------------------------------------------------------------------ helpers
@@ -330,6 +331,8 @@ class KvCachePool:
 
     @_locked
     def matched_prefix_len(self, request_id: int) -> int:
+        """Tokens of ``request_id``'s prompt served from the prefix tree at bind time (a multiple of ``page_size``,
+        never covering the last prompt token); 0 for an unknown id."""
         b = self._lookup(request_id)
         return b.matched_len if b is not None else 0
 
@@ -506,18 +509,32 @@ class KvCachePool:
     # ------------------------------------------------------------------ CUDA-graph fixed buffers (API.md 3.5)
     @_locked
     def num_pages_for_length(self, length: int) -> int:
-        """Pages a row of ``length`` tokens spans: ``ceil(length / page_size)``."""
+        """Pages a row of ``length`` tokens spans: ``ceil(length / page_size)``.
+
+        >>> pool = KvCachePool(num_layers=1, num_slots=16, num_kv_heads=1, head_dim=4, page_size=16)
+        >>> [pool.num_pages_for_length(n) for n in (1, 16, 17, 481, 495, 496, 497)]
+        [1, 1, 2, 31, 31, 31, 32]
+        """
         return -(-as_int(length, "length") // self._page_size)
 
     @_locked
     def steps_until_page_boundary(self, cache_len: int) -> int:
-        """Decode steps until ``cache_len`` fills its last page (0 when it just did)."""
+        """Decode steps until ``cache_len`` fills its last page (0 when it just did). Smile's numbers at page 16:
+
+        >>> pool = KvCachePool(num_layers=1, num_slots=16, num_kv_heads=1, head_dim=4, page_size=16)
+        >>> [pool.steps_until_page_boundary(n) for n in (481, 495, 496, 497)]
+        [15, 1, 0, 15]
+        """
         rem = as_int(cache_len, "cache_len") % self._page_size
         return 0 if rem == 0 else self._page_size - rem
 
     @_locked
     def first_cache_len_in_next_page_bucket(self, num_pages: int) -> int:
-        """The first length that needs ``num_pages + 1`` pages."""
+        """The first length that needs ``num_pages + 1`` pages.
+
+        >>> KvCachePool(num_layers=1, num_slots=16, num_kv_heads=1, head_dim=4).first_cache_len_in_next_page_bucket(31)
+        497
+        """
         return as_int(num_pages, "num_pages") * self._page_size + 1
 
     decode_graph_buffers = _state(lambda self: self._decode.enabled,

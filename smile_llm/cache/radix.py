@@ -63,6 +63,7 @@ class TreeNode:
 
     @property
     def evicted(self) -> bool:
+        """True once the node was evicted (detached from the tree; ``value`` is None)."""
         return self.value is None
 
     def __len__(self) -> int:
@@ -84,6 +85,7 @@ class MatchResult:
 
     @property
     def length(self) -> int:
+        """Matched tokens (``len(indices)``), a multiple of the tree's page size."""
         return len(self.indices)
 
 
@@ -105,7 +107,25 @@ class PathSegment:
 
 
 class RadixCache:
-    """Prefix tree over tokens, page-granular. Thread-safe: every public method runs under one internal lock."""
+    """Prefix tree over tokens, page-granular. Thread-safe: every public method runs under one internal lock.
+
+    A pure index from token prefixes to slot ids: it never frees anything (``KvCachePool`` owns the pages).
+
+    >>> tree = RadixCache(page_size=2)
+    >>> tree.insert([1, 2, 3, 4, 5], [10, 11, 12, 13, 14]).prefix_len   # only whole pages: 4 tokens
+    0
+    >>> len(tree), tree.evictable_size
+    (4, 4)
+    >>> m = tree.match_prefix([1, 2, 3, 9])      # the match ends inside page [3, 4]: truncated to [1, 2]
+    >>> m.indices.tolist(), m.length
+    ([10, 11], 2)
+    >>> tree.match_prefix([1, 2, 3, 4, 6]).indices.tolist()
+    [10, 11, 12, 13]
+    >>> tree.insert([1, 2, 7, 8], [20, 21, 22, 23]).prefix_len   # [1, 2] was cached: slots 20, 21 are duplicates
+    2
+    >>> tree.evict(2).tolist(), len(tree)        # LRU over unlocked leaves
+    ([12, 13], 4)
+    """
 
     def __init__(self, page_size: int = 1) -> None:
         if not isinstance(page_size, (int, np.integer)) or isinstance(page_size, bool) or page_size < 1:

@@ -39,6 +39,10 @@ def _arange(n: int) -> np.ndarray:
 
 
 class ActiveStep:
+    """The batch of rows that step verbs act on (built by ``KvCachePool.activate_step``): the rows' page tables stacked
+    into one ``[B, max_pages]`` array, per-row capacity and matched prefix, the step CSR and cached slot indices. Valid
+    until the step is cleared; page tables never change meanwhile."""
+
     def __init__(self, bindings: list[Binding], page_size: int, device: torch.device) -> None:
         self.bindings = tuple(bindings)
         self.ids = tuple(b.request_id for b in bindings)
@@ -184,6 +188,9 @@ class ActiveStep:
         return self.csr.get(self.page_table32, sealed)[1] != "rebuild"
 
     def truncate(self, kv: KvStore, kv_len: np.ndarray, sealed_len: Any, written_end: Any, zero: bool) -> bool:
+        """``truncate_to`` on the active rows: with ``zero`` clear the KV of ``[sealed_len, written_end)`` first, then
+        ``seal``. ValueError if ``written_end < sealed_len``, a length exceeds a row's capacity, or zeroing would reach
+        below a row's matched prefix. Returns what ``seal`` returns."""
         sealed = self.lengths(sealed_len, "sealed_len")
         written = self.lengths(written_end, "written_end")
         if (written < sealed).any():
@@ -195,6 +202,8 @@ class ActiveStep:
         return self.seal(kv_len, sealed)
 
     def invalidate(self, kv: KvStore, kv_len: np.ndarray, from_pos: Any, end_pos: Any) -> None:
+        """Zero K and V of ``[from_pos, end_pos)`` of every active row on every layer and lower those rows' ``kv_len``
+        to at most ``from_pos``. ValueError for a reversed range, one past a capacity, or one below a matched prefix."""
         start = self.lengths(from_pos, "from_pos")
         end = self.lengths(end_pos, "end_pos")
         if (end < start).any():
@@ -204,6 +213,8 @@ class ActiveStep:
         self.lower_kv_len(kv_len, np.where(end > start, start, kv_len[self.rows]))
 
     def read_length(self, length: Any, padded: bool) -> int:
+        """``length`` checked for a read: at most the smallest active capacity, or the largest one when ``padded``.
+        ValueError beyond (or for a negative length)."""
         length = as_int(length, "length", minimum=0)
         limit = self.max_capacity if padded else self.min_capacity
         if length > limit:
@@ -213,6 +224,8 @@ class ActiveStep:
         return length
 
     def check_index(self, idx: Any, n: int, name: str) -> torch.Tensor:
+        """``idx`` checked as a precomputed slot index: an int64 tensor of shape ``[n]`` on the pool's device.
+        ValueError otherwise."""
         if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.shape != (n,):
             got = f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}"
             raise ValueError(f"{name} must be an int64 tensor of shape [{n}], got {got}")
@@ -222,6 +235,7 @@ class ActiveStep:
 
     # ------------------------------------------------------------------ K/V verbs
     def on_device(self, t: torch.Tensor) -> bool:
+        """Whether tensor ``t`` lives on the pool's device."""
         if self.device.type == "cpu":
             return t.is_cpu
         return same_device(t.device, self.device)

@@ -31,6 +31,12 @@ class EngineShutdownError(RuntimeError):
 
 
 class InferenceEngine:
+    """Continuous batching over one ``LanguageModel``: ``submit`` (any thread) queues a request and returns a
+    ``RequestHandle``; the serving thread (started unless ``start=False``) admits requests first come, first served with
+    ``bind_request``, prefills them in chunks of ``prefill_tokens_per_step`` tokens and advances every running request
+    each step (speculative rounds where the model drafts). A context manager; ``shutdown`` ends it. ValueError for a bad
+    ``max_batch_size`` or ``prefill_tokens_per_step``; RuntimeError if another engine already serves the model."""
+
     def __init__(self, model: LanguageModel, max_batch_size: int = 8, *, prefill_tokens_per_step: int = 512,
                  start: bool = True) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -125,10 +131,12 @@ class InferenceEngine:
     # ------------------------------------------------------------------ stepping
     @property
     def num_waiting(self) -> int:
+        """Requests queued and not yet bound into the pool."""
         return len(self.scheduler.waiting)
 
     @property
     def num_running(self) -> int:
+        """Requests bound into the pool and being advanced."""
         return len(self.scheduler.running)
 
     def step(self) -> bool:

@@ -121,6 +121,8 @@ class DecodeGraphRunner(_GraphRunner):
         self.prefetch = prefetch
 
     def eligible(self, positions: np.ndarray) -> bool:
+        """Whether a decode step at ``positions`` can replay a graph: the runner is enabled, the batch is a power of two
+        of at most ``max_batch`` rows, and every row is at the same position."""
         b = len(positions)
         return (self.enabled and 1 <= b <= self.max_batch and b & (b - 1) == 0
                 and bool((positions == positions[0]).all()))
@@ -192,6 +194,8 @@ class VerifyGraphRunner(_GraphRunner):
     """Graphs of the speculative verify window, keyed by (batch, window); ragged rows allowed."""
 
     def eligible(self, batch: int) -> bool:
+        """Whether a verify window of ``batch`` rows can replay a graph: the runner is enabled and ``1 <= batch <=
+        max_batch``."""
         return self.enabled and 1 <= batch <= self.max_batch
 
     def forward(self, tokens: torch.Tensor, start: np.ndarray) -> ForwardOutput:

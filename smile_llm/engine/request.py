@@ -42,6 +42,7 @@ class RequestHandle:
         self._error: BaseException | None = None
 
     def done(self) -> bool:
+        """True once the request finished, failed or was cancelled (never blocks)."""
         return self._done.is_set()
 
     def result(self, timeout: float | None = None) -> Completion:
@@ -54,6 +55,8 @@ class RequestHandle:
         return self._result
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The error that ended the request, or None if it completed; waits up to ``timeout`` seconds (None: forever).
+        TimeoutError if it is not done by then."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"request {self.request_number} not done within {timeout} s")
         return self._error

@@ -20,6 +20,9 @@ from .request import RequestHandle, SamplingParams
 
 @dataclass
 class Job:
+    """One submitted request inside the scheduler: its handle, sampling parameters, listener, prompt ids, the clamped
+    new-token limit, stop ids and strings, draft count, and its ``Sequence`` once bound."""
+
     handle: RequestHandle
     params: SamplingParams
     listener: object
@@ -33,6 +36,10 @@ class Job:
 
 
 class Scheduler:
+    """First-come, first-served admission of queued jobs into the model's pool (``bind_request``), up to
+    ``max_batch_size`` running jobs; a job that does not fit yet stays queued until pages free up. Not locked: the
+    engine serialises calls."""
+
     def __init__(self, model: LanguageModel, max_batch_size: int) -> None:
         self.model = model
         self.max_batch_size = max_batch_size

@@ -23,6 +23,9 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """A normalised Hugging Face model config (Llama, Qwen2, Qwen3, optional MTP head). Build it with
+    ``from_pretrained(path)`` or ``from_dict(hf_config)``; frozen."""
+
     model_type: str
     vocab_size: int
     hidden_size: int
@@ -105,6 +108,7 @@ class ModelConfig:
         return min(n, MAX_SPECULATIVE_TOKENS)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field by name (``rope_scaling`` stays a ``RopeScaling`` or None); not an HF config."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 

@@ -45,6 +45,9 @@ class RopeTable:
 
 
 class ForwardContext:
+    """Per-forward state every layer shares: the pool and attention backend, start positions ``[B]`` and window length,
+    RoPE tables, the write-slot index and the step CSR. Created for one forward and dropped after it."""
+
     def __init__(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
                  rope: tuple[torch.Tensor, torch.Tensor], num_heads: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype) -> None:

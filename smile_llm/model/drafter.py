@@ -56,6 +56,8 @@ class MtpDrafter:
         return True
 
     def release(self, seq: Sequence) -> None:
+        """Drop ``seq``'s draft KV: unbind its MTP history row (history mode) and clear ``seq.history``. Does nothing
+        when it has none."""
         if seq.history is not None:
             if self.mode == "history":
                 self.pool.unbind_request(seq.history.request_id)

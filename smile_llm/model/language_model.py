@@ -39,6 +39,10 @@ class GenerationCancelled(RuntimeError):
 
 @dataclass(frozen=True)
 class Completion:
+    """The result of one generation: ``text`` (cut at a stop string), ``prompt_tokens``, generated ``tokens`` (without a
+    stop token id), ``finish_reason`` ("stop" or "length"), ``logprobs`` (one per token, or None) and ``stats``
+    (counters and timings; see ``Sequence.stats``)."""
+
     text: str
     prompt_tokens: list[int]
     tokens: list[int]  # generated ids, without a stop token id (a stop string's tokens stay; text is cut)
@@ -299,6 +303,8 @@ class LanguageModel:
         return [seq.completion() for seq in seqs]
 
     def close(self) -> None:
+        """Release the model's KV pools (the main pool and the MTP draft pool); later generate calls raise RuntimeError.
+        Idempotent."""
         self.pool.close()
         if self.drafter is not None:
             self.drafter.pool.close()

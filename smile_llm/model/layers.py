@@ -24,6 +24,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """RMS-normalise ``x`` over its last dimension (in float32) and scale by ``weight``; same shape and dtype as
+        ``x``."""
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:  # one fused kernel, same math
             return nn.functional.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
@@ -49,11 +51,15 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """``cat(-x2, x1)`` of the two halves of the last dimension (HF's RoPE helper)."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class Attention(nn.Module):
+    """Self-attention with HF parameter names (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``; ``q_norm``/``k_norm`` for
+    Qwen3), GQA, RoPE, K/V written through ``pool.put`` and attention through the backend over the step CSR."""
+
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
@@ -68,6 +74,8 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """``x`` ``[B, S, D]`` at the positions of ``ctx`` -> ``[B, S, D]``; writes this layer's K/V of the S positions
+        into the pool first."""
         b, s, _ = x.shape  # [B, S, D]
         q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
@@ -82,6 +90,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """The SwiGLU feed-forward block: ``down_proj(silu(gate_proj(x)) * up_proj(x))``."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         d, inner = config.hidden_size, config.intermediate_size
@@ -90,10 +100,14 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(inner, d, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[..., D]`` -> ``[..., D]``."""
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
+    """One pre-norm decoder layer: ``x + self_attn(input_layernorm(x))``, then ``+ mlp(post_attention_layernorm(x))``.
+    """
+
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -102,5 +116,6 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """``x`` ``[B, S, D]`` -> ``[B, S, D]``; writes this layer's K/V of the window into the pool."""
         x = x + self.self_attn(self.input_layernorm(x), ctx)
         return x + self.mlp(self.post_attention_layernorm(x))

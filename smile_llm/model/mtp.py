@@ -18,6 +18,9 @@ from .layers import DecoderLayer, RMSNorm
 
 
 class MtpHead(nn.Module):
+    """The MTP draft head with HF names under ``mtp.``: ``pre_fc_norm_embedding``, ``pre_fc_norm_hidden``, ``fc`` ``[D,
+    2D]``, ``layers.N`` (decoder layers) and ``norm``; shares the main model's embedding and LM head."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         d = config.hidden_size

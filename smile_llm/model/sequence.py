@@ -37,6 +37,7 @@ class MtpHistory:
 
     @property
     def pending_rows(self) -> int:
+        """Hidden-state rows waiting to be written into the history pool."""
         return sum(int(h.shape[0]) for h in self.pending)
 
 
@@ -77,6 +78,7 @@ class Sequence:
 
     # ------------------------------------------------------------------ positions
     def token_at(self, pos: int) -> int:
+        """The token at absolute position ``pos`` (prompt first, then generated tokens); IndexError past the end."""
         p = len(self.prompt)
         return self.prompt[pos] if pos < p else self.tokens[pos - p]
 
@@ -148,6 +150,10 @@ class Sequence:
 
     # ------------------------------------------------------------------ result
     def stats(self) -> dict[str, Any]:
+        """The request's counters and timings: ``prompt_tokens``, ``cached_tokens``, ``generated_tokens``, ``forwards``,
+        ``speculative_rounds``, ``proposed_drafts``, ``accepted_drafts``, ``mean_accepted_length``,
+        ``accept_length_histogram``, ``target_forwards_per_token`` (1.0 for plain decoding), ``prefill_s``,
+        ``decode_s``, ``tokens_per_s``."""
         elapsed = time.perf_counter() - self.t0
         decode_s = max(elapsed - self.prefill_s, 1e-9)
         n = len(self.tokens)
@@ -170,6 +176,7 @@ class Sequence:
         }
 
     def completion(self) -> Completion:
+        """Flush the held-back text to the listener and return the request's ``Completion``."""
         from .language_model import Completion
 
         if not self.cut:

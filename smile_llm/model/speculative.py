@@ -31,16 +31,37 @@ class AcceptResult:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens this round adds: the accepted drafts plus the bonus (``num_accepted + 1``)."""
         return len(self.tokens)
 
     @property
     def bonus_token(self) -> int:
+        """The target's own token after the accepted drafts (the last of ``tokens``)."""
         return self.tokens[-1]
 
 
 def accept_greedy(drafts: Sequence[int], target_samples: Sequence[int]) -> AcceptResult:
     """Longest prefix of ``drafts`` equal to ``target_samples``, plus the target's sample after it. ValueError if
-    ``drafts`` is empty or ``target_samples`` does not have ``len(drafts) + 1`` entries."""
+    ``drafts`` is empty or ``target_samples`` does not have ``len(drafts) + 1`` entries.
+
+    Smile's ``SpeculativeDecodingTest`` table:
+
+    >>> accept_greedy([10, 20, 30], [10, 20, 30, 99])
+    AcceptResult(num_accepted=3, tokens=(10, 20, 30, 99))
+    >>> r = accept_greedy([10, 20, 30], [11, 20, 30, 99])
+    >>> r.num_accepted, r.tokens, r.bonus_token
+    (0, (11,), 11)
+    >>> accept_greedy([10, 20, 30], [10, 21, 30, 99]).tokens
+    (10, 21)
+    >>> accept_greedy([1], [1])
+    Traceback (most recent call last):
+        ...
+    ValueError: target_samples must have len(drafts) + 1 = 2 entries, got 1
+    >>> accept_greedy([], [1])
+    Traceback (most recent call last):
+        ...
+    ValueError: drafts must be non-empty
+    """
     d = as_int_array(drafts, "drafts").tolist() if drafts is not None else []
     if not d:
         raise ValueError("drafts must be non-empty")

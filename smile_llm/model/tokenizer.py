@@ -10,25 +10,42 @@ from typing import Protocol
 
 
 class Tokenizer(Protocol):
+    """What ``LanguageModel`` needs of a tokenizer: ``vocab_size``, ``eos_token_ids``, ``encode`` and ``decode``."""
+
     vocab_size: int
     eos_token_ids: tuple[int, ...]
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no special tokens added)."""
+        ...
 
-    def decode(self, ids: list[int]) -> str: ...
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids`` (special tokens dropped)."""
+        ...
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as ids 0-255; special ids from 256 (``<|endoftext|>`` is 256) decode to nothing."""
+    """UTF-8 bytes as ids 0-255; special ids from 256 (``<|endoftext|>`` is 256) decode to nothing.
+
+    >>> tok = ByteTokenizer()
+    >>> tok.encode("héllo")
+    [104, 195, 169, 108, 108, 111]
+    >>> tok.decode(tok.encode("héllo") + [256])
+    'héllo'
+    >>> tok.vocab_size, tok.eos_token_ids
+    (257, (256,))
+    """
 
     def __init__(self, vocab_size: int = 257, eos_token_id: int = 256) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids: tuple[int, ...] = (eos_token_id,)
 
     def encode(self, text: str) -> list[int]:
+        """The UTF-8 bytes of ``text`` as ids 0-255."""
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
+        """``ids`` below 256 decoded as UTF-8 (invalid bytes become U+FFFD); special ids are dropped."""
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
@@ -43,9 +60,11 @@ class HFTokenizer:
         self.eos_token_ids = eos_token_ids
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens."""
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: list[int]) -> str:
+        """Text of ``ids`` with special tokens skipped."""
         return str(self._tok.decode(ids, skip_special_tokens=True))
 
 
@@ -62,7 +81,14 @@ def load_tokenizer(folder: Path, eos_token_ids: tuple[int, ...], vocab_size: int
 
 class StreamDecoder:
     """Turns a growing id list into text chunks, holding back an unfinished UTF-8 character. Each step decodes
-    only the ids since the last emitted chunk (prefix/read offsets, as vLLM does), so streaming is linear."""
+    only the ids since the last emitted chunk (prefix/read offsets, as vLLM does), so streaming is linear.
+
+    >>> stream = StreamDecoder(ByteTokenizer())
+    >>> [stream.push(t) for t in "hé!".encode("utf-8")]   # "é" is two bytes: nothing until both arrived
+    ['h', '', 'é', '!']
+    >>> stream.finish()
+    ''
+    """
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer

@@ -24,12 +24,18 @@ from .mtp import MtpHead
 
 @dataclass(frozen=True)
 class ForwardOutput:
+    """The target's output for a window: float32 ``logits`` ``[B, S, vocab]`` and ``hidden`` ``[B, S, D]`` (the last
+    layer's output before the final norm, the MTP head's input)."""
+
     logits: torch.Tensor  # float32 [B, S, vocab]
     hidden: torch.Tensor  # [B, S, hidden]: the last decoder layer's output before the final norm (MTP input)
 
 
 @dataclass(frozen=True)
 class DraftOutput:
+    """One MTP draft step's output: float32 ``logits`` ``[B, vocab]`` and the head's ``hidden`` ``[B, D]`` before its
+    norm (the next chained step's input)."""
+
     logits: torch.Tensor  # float32 [B, vocab]: at column ``cols[b]`` of each row
     hidden: torch.Tensor  # [B, hidden]: the MTP head's output (before its norm) at that column (chained input)
 
@@ -61,9 +67,12 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The parameters' dtype."""
         return self.model.embed_tokens.weight.dtype
 
     def context(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int) -> ForwardContext:
+        """A ``ForwardContext`` for a window of ``seqlen`` positions starting at ``start[b]`` of the pool's active rows,
+        with this model's RoPE tables and head geometry."""
         c = self.config
         return ForwardContext(pool, backend, start, seqlen, self.rope(start, seqlen), c.num_attention_heads,
                               c.num_key_value_heads, c.head_dim, self.dtype)

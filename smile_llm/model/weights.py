@@ -11,6 +11,8 @@ from torch import nn
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
+    """The safetensors files of ``folder``: the shards named in ``model.safetensors.index.json`` if present, else every
+    ``*.safetensors`` (sorted). FileNotFoundError when there are none."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -22,6 +24,8 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint in ``folder`` by name, on the CPU (see ``checkpoint_files``; FileNotFoundError
+    when there are none; ImportError without ``safetensors``)."""
     from safetensors.torch import load_file
 
     tensors: dict[str, torch.Tensor] = {}
