@@ -122,6 +122,36 @@ class Binder:
         self.table.remove(b)
         b.offload = None
 
+    def cache_prefix(self, b: Binding, sequence: np.ndarray) -> int:
+        """Insert ``b``'s written, page-aligned prefix ``sequence[:floor_page(min(len, kv_len))]`` into the tree
+        while ``b`` stays bound (SGLang's ``cache_unfinished_req``), so later binds can match it. Newly inserted
+        private pages become tree pages; private pages whose tokens the tree already held are swapped for the tree's
+        pages in ``b``'s table (before they are freed) and freed; ``b`` locks the deeper node and its matched prefix
+        grows. Returns the tokens newly inserted. Callers must drop any step that caches ``b``'s page table."""
+        ps = self.page_size
+        insert_len = floor_page(min(len(sequence), self.table.kv_len_of(b)), ps)
+        if not self.prefix_reuse or b.offload is not None or insert_len <= b.matched_len:
+            return 0
+        n = insert_len // ps
+        result = self.radix.insert(sequence[:insert_len], page_slots(b.page_ids[:n], ps), PREFIX_NAMESPACE)
+        match = self.radix.match_prefix(sequence[:insert_len], PREFIX_NAMESPACE)
+        assert match.length == insert_len, "the inserted prefix is not in the tree"
+        canonical = match.indices[::ps] // ps
+        old = b.page_ids[:n].copy()
+        dup_hi = max(result.prefix_len, b.matched_len) // ps  # [matched, dup_hi): the tree held these already
+        duplicates = old[b.matched_len // ps : dup_hi]
+        b.page_ids[:n] = canonical  # remap first, then free: the table never points at a freed page
+        self.pages.transfer(old[dup_hi:n], PageOwner.TREE)
+        self.pages.release(duplicates[duplicates != canonical[b.matched_len // ps : dup_hi]])
+        self.radix.inc_lock_ref(match.last_node)
+        self.radix.dec_lock_ref(b.locked_node)
+        b.locked_node = match.last_node
+        b.matched_len = insert_len
+        b.prefix_tokens = sequence[:insert_len].copy()
+        added = insert_len - result.prefix_len
+        self.insert_tokens += added
+        return added
+
     def alloc(self, num_pages: int) -> np.ndarray:
         """Slot ids of ``num_pages`` whole pages handed to a caller (owner ``CALLER``), evicting unlocked tree pages as
         needed; the pool has checked that they fit."""

@@ -300,6 +300,27 @@ class KvCachePool:
         self._release(b, seq)
 
     @_locked
+    def cache_prefix(self, request_id: int, sequence_tokens: Any) -> int:
+        """Insert the request's written, page-aligned prefix ``sequence_tokens[:floor_page(min(len, kv_len))]``
+        into the tree now, keeping the request bound (SGLang's ``cache_unfinished_req``): a request bound next can
+        match it before this one finishes (a batch sharing a system prompt computes it once). The request's matched
+        prefix grows to the inserted length and stays locked; pages the tree already held are swapped in and the
+        duplicates freed. Returns the tokens newly inserted (0 with reuse off, for an offloaded request, or when
+        nothing new is written). ValueError for an unknown id, or unless ``sequence_tokens`` starts with the matched
+        prefix tokens; nothing changes then. The active step is rebuilt at the next ``activate_step``."""
+        b = self._binding(request_id)
+        seq = as_int_array(sequence_tokens, "sequence_tokens")
+        if len(seq) < b.matched_len or not np.array_equal(seq[: b.matched_len], b.prefix_tokens):
+            raise ValueError(
+                f"cache_prefix({b.request_id}): sequence_tokens must start with the {b.matched_len} matched prefix "
+                f"tokens of the request; pass the prompt (and any generated tokens)")
+        before = b.matched_len
+        added = self._binder.cache_prefix(b, seq)
+        if b.matched_len != before and self._step is not None and b.request_id in self._step.ids:
+            self._clear_step()  # the step holds a copy of the page table
+        return added
+
+    @_locked
     def finish_exclusive(self, sequence_tokens: Any) -> None:
         """Java ``finishRequest(int[])``: with one binding, ``finish_request`` on it; with none, nothing; with
         several, release all without inserting."""

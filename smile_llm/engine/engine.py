@@ -168,6 +168,7 @@ class InferenceEngine:
                     before = seq.prefilled
                     if seq.remaining > 0 and decoder.prefill(seq, budget):
                         seq.take_next()
+                        self.model.pool.cache_prefix(seq.request_id, seq.prompt)  # later binds can match it
                     budget -= seq.prefilled - before
                 elif seq.remaining > 0:
                     decoding.append(seq)

@@ -253,7 +253,8 @@ class LanguageModel:
                        stop: Any = None, speculative_tokens: int | None = None,
                        draft_sampling: str = "greedy") -> list[Completion]:
         """Generate for several prompts as one ragged batch: each is bound with ``bind_request`` (prefix reuse
-        included) and prefilled on its own, then all rows step together (speculative rounds for rows that can
+        included), prefilled on its own and its prompt cached (``cache_prefix``) before the next is bound, so
+        prompts sharing a prefix compute it once; then all rows step together (speculative rounds for rows that can
         draft, plain steps for the rest), rows leaving the batch as they finish. Row i samples with seed
         ``seed + i`` (when seed is nonzero). Greedy results equal ``generate`` on each prompt.
         KvCacheExhaustedError if the rows do not fit together."""
@@ -272,7 +273,7 @@ class LanguageModel:
         try:
             if self.drafter is not None:
                 self.drafter.pool.unbind_requests()
-            for i, ids in enumerate(prompt_ids):
+            for i, ids in enumerate(prompt_ids):  # bind, prefill and cache each prompt before binding the next
                 rid = pool.bind_request(ids, len(ids) + limits[i])
                 row_seed = ((seed + i) or (1 << 62)) if seed else 0  # nonzero seeds stay nonzero per row
                 seq = SequenceState(self, ids, pool.matched_prefix_len(rid), limit=limits[i],
@@ -283,10 +284,10 @@ class LanguageModel:
                 seqs.append(seq)
                 if k and self.drafter is not None:
                     self.drafter.bind(seq)
-            for seq in seqs:
                 if seq.remaining > 0:
                     self.decoder.prefill(seq)
                     seq.take_next()
+                    pool.cache_prefix(rid, ids)  # later prompts sharing a prefix (a system prompt) match it
             alive = [s for s in seqs if s.remaining > 0]
             while alive:
                 self.decoder.step(alive)

@@ -477,7 +477,15 @@ def test_error_inside_forward_in_generate_batch(lm, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(layer, "forward", flaky)
+    prompts = [PROMPT, PROMPT[:9], PROMPT[3:]]
     with pytest.raises(RuntimeError, match="injected"):
-        lm.generate_batch([PROMPT, PROMPT[:9], PROMPT[3:]], 8)
+        lm.generate_batch(prompts, 8)
     assert_clean(lm.pool)
-    assert lm.pool.prefix_insert_tokens == 0
+    # only the prompts' written KV was cached (cache_prefix after each prefill); no generated token reached the tree
+    ids = [lm.encode(p) for p in prompts]
+    for node in lm.pool.radix.nodes():
+        path: list[int] = []
+        while node is not None and node.parent is not None:
+            path = [int(t) for t in node.key] + path
+            node = node.parent
+        assert any(p[: len(path)] == path for p in ids), path
