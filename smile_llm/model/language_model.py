@@ -75,8 +75,8 @@ class LanguageModel:
                     history = KvCachePool.for_mtp_history(layout, pool.device, pool.dtype, pool.page_size,
                                                           pool.num_slots)
                     self.drafter = MtpDrafter(transformer, history, backend)
-                except RuntimeError:
-                    pass  # too little memory for the draft history: decode without speculation
+                except RuntimeError:  # too little memory for the draft history: decode without speculation
+                    self.drafter = None
             else:
                 raise ValueError(f'draft_kv must be "history" or "per_round", got {draft_kv!r}')
         self.decoder = Decoder(transformer, pool, backend, self.drafter)
