@@ -8,13 +8,6 @@ import os
 import torch
 
 
-def make_generator(seed: int, device: torch.device) -> torch.Generator:
-    """A generator seeded with ``seed``; 0 means nondeterministic (seeded from the OS)."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed if seed != 0 else int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1))
-    return gen
-
-
 class PositionalRng:
     """Randomness keyed by (seed, token position, stream) instead of by draw count: the sample for position p uses a
     generator seeded from ``(seed, p)`` alone. A seeded request therefore draws the same tokens whether it decodes

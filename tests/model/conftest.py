@@ -88,12 +88,13 @@ def expected_greedy(hf: HFModel, ids: list[int], n: int) -> tuple[list[int], str
 def randomize(model: torch.nn.Module, seed: int) -> None:
     """Re-initialise every parameter with a fixed generator at a scale that gives varied, non-degenerate logits
     (the HF default init makes tiny models repeat one token): norms near 1, small biases and embeddings,
-    projections ~1.5/sqrt(fan_in)."""
+    projections ~1.5/sqrt(fan_in). Norm weights are every 1-D parameter named ``*norm*`` (the MTP head's
+    ``pre_fc_norm_embedding`` too)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g)
-            if name.endswith("norm.weight"):
+            if p.dim() == 1 and "norm" in name:
                 p.copy_(1.0 + 0.2 * noise)
             elif name.endswith("bias"):
                 p.copy_(0.2 * noise)

@@ -12,7 +12,6 @@ whole sequence with one fresh forward on a private pool (the reference for distr
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,8 @@ import torch
 from smile_llm.attention.backend import select_backend
 from smile_llm.cache import KvCacheLayout, KvCachePool
 from smile_llm.model import LanguageModel, ModelConfig, Transformer
+
+from .conftest import randomize as randomize_weights
 
 FAMILY_EXTRA: dict[str, dict[str, Any]] = {
     "qwen3": {"model_type": "qwen3", "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -42,22 +43,12 @@ def mtp_config(family: str, vocab: int = 97, hidden: int = 32, layers: int = 2, 
 
 
 def randomize(model: torch.nn.Module, seed: int, logit_scale: float = 1.0) -> None:
-    """Norm weights near 1, small biases and embeddings, projections ~1.5/sqrt(fan_in) (varied, non-degenerate
-    logits); ``logit_scale`` multiplies the LM head (or the tied embedding's use as one, through the final norm)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if p.dim() == 1 and "norm" in name:
-                p.copy_(1.0 + 0.2 * noise)
-            elif name.endswith("bias"):
-                p.copy_(0.2 * noise)
-            elif "embed_tokens" in name:
-                p.copy_(0.3 * noise)
-            else:
-                p.copy_(1.5 * noise / math.sqrt(p.shape[1]))
-        if logit_scale != 1.0:
-            assert isinstance(model, Transformer)
+    """``conftest.randomize``, then ``logit_scale`` multiplies the LM head (or the tied embedding's use as one,
+    through the final norm, and the MTP head's norm)."""
+    randomize_weights(model, seed)
+    if logit_scale != 1.0:
+        assert isinstance(model, Transformer)
+        with torch.no_grad():
             model.model.norm.weight.mul_(logit_scale)
             if model.mtp is not None:
                 model.mtp.norm.weight.mul_(logit_scale)
