@@ -77,7 +77,7 @@ def test_manual_stepping_and_batches_of_different_positions(lm, solo):
     assert_no_leak(lm)
 
 
-def test_requests_wait_for_pages_and_one_that_never_fits_fails():
+def test_requests_wait_for_pages_and_prompts_over_max_seq_len_are_refused():
     lm = LanguageModel.default(max_batch_size=2, max_seq_len=128)  # 256 slots: two requests of 128 at a time
     try:
         engine = InferenceEngine(lm, max_batch_size=8, start=False)
