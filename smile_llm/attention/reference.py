@@ -18,6 +18,11 @@ The work runs over chunks of kv pages with an online softmax: ``plan`` lists eac
 slot and KV head, head-major), so ``run`` gathers a chunk with one ``index_select`` (no loop per token or page),
 casts it to fp32 and multiplies it in one batched matmul.
 The chunk is sized to stay in cache; scores held at once are ``O(B * Hq * max_qo_len * chunk)``.
+
+Shared prefix (cascade): when every row of a forward starts with the same pages (requests sharing a cached system
+prompt) and every query comes after them, ``plan`` splits those ``P`` positions off as one shared level. ``run``
+gathers their K/V once (not once per row) and attends all rows' queries to them in one call, then continues the
+online softmax over each row's own pages. The result equals the per-row computation up to float rounding.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from smile_llm.cache.metadata import FlashInferKvMetadata
 
 LOG2E = 1.4426950408889634
 CHUNK_BYTES = 32 << 20  # per kv chunk: its fp32 K and V plus its scores (measured best on a 2-core CPU)
+CASCADE_MIN_TOKENS = 128  # a shared prefix shorter than this is attended per row (the split costs more than it saves)
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,8 @@ class AttentionPlan:
     device: torch.device
     q_rows: torch.Tensor | None  # int64[B * Qmax] row of q for each padded query; None when the identity
     out_rows: torch.Tensor | None  # int64[total_q] padded query of each output row; None when the identity
-    chunks: list[_Chunk]
+    chunks: list[_Chunk]  # every row's own positions (after the shared prefix, if any)
+    shared: _Chunk | None = None  # the shared prefix: rows int64[Hkv * P] of its slots, read once for every row
     workspace: dict[tuple[torch.dtype, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # the fused single-chunk path's SDPA mask and whether some query sees no key (built by the first layer)
     sdpa_mask: tuple[torch.Tensor | None, bool] | None = None
@@ -187,12 +194,19 @@ def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_head
         aligned = qi[None, :] + (kv_lens - q_lens)[:, None]
         limit = np.where(qi[None, :] < q_lens[:, None], aligned, limit)  # padded queries: the whole row (dropped)
 
-    pages_per_chunk = _pages_per_chunk(batch, ps, num_kv_heads, head_dim, num_qo_heads * max_q, max_pages)
+    shared_pages = _shared_pages(table, num_row_pages, kv_lens - q_lens, ps) if cap is None else 0
+    shared = None
+    if shared_pages:
+        slots0 = (table[0, :shared_pages, None] * ps + np.arange(ps)).reshape(-1)  # [P]
+        rows0 = (slots0[None, :] * num_kv_heads + np.arange(num_kv_heads)[:, None]).reshape(-1)  # [Hkv * P]
+        shared = _Chunk(torch.from_numpy(rows0).to(device), shared_pages * ps, None, None)
+    pages_per_chunk = _pages_per_chunk(batch, ps, num_kv_heads, head_dim, num_qo_heads * max_q,
+                                       max_pages - shared_pages)
     limit_t = torch.from_numpy(limit)
     lens_t = torch.from_numpy(kv_lens)
     chunks = []
     longest = int(kv_lens.max(initial=0))
-    for first in range(0, max_pages, pages_per_chunk):
+    for first in range(shared_pages, max_pages, pages_per_chunk):
         last = min(first + pages_per_chunk, max_pages)
         end = min(last * ps, longest)  # nobody reads past the longest row: uniform rows need no mask at all
         pos = torch.arange(first * ps, end)  # [Lc]
@@ -212,7 +226,21 @@ def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_head
         q_rows = torch.from_numpy(np.where(valid, starts[:, None] + qi[None, :], 0).reshape(-1)).to(device)
         out_rows = torch.from_numpy(np.flatnonzero(valid.reshape(-1))).to(device)
     return AttentionPlan(batch, num_qo_heads, num_kv_heads, head_dim, ps, total_q, max_q,
-                         int(used.max(initial=-1)), scale, cap or None, device, q_rows, out_rows, chunks)
+                         int(used.max(initial=-1)), scale, cap or None, device, q_rows, out_rows, chunks, shared)
+
+
+def _shared_pages(table: np.ndarray, num_row_pages: np.ndarray, before_queries: np.ndarray, ps: int) -> int:
+    """How many leading pages every row of ``table`` lists alike, counting only whole pages that lie before every
+    row's first query (so every query sees all of them); 0 for one row or fewer than CASCADE_MIN_TOKENS."""
+    batch = table.shape[0]
+    if batch < 2:
+        return 0
+    fit = min(int(num_row_pages.min()), int(before_queries.min()) // ps)
+    if fit * ps < CASCADE_MIN_TOKENS:
+        return 0
+    differs = (table[:, :fit] != table[:1, :fit]).any(0)  # [fit]
+    pages = int(np.argmax(differs)) if differs.any() else fit
+    return pages if pages * ps >= CASCADE_MIN_TOKENS else 0
 
 
 def _qo_lens(qo_indptr: Any, batch: int) -> np.ndarray:
@@ -295,16 +323,19 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
     torch.mul(qp.reshape(b, qmax, hkv, g, d).permute(0, 2, 3, 1, 4), scale, out=qh)
     qh = qh.view(b, hkv, g * qmax, d)
 
-    if len(plan.chunks) == 1 and not cap and not return_lse:
+    if len(plan.chunks) == 1 and plan.shared is None and not cap and not return_lse:
         out = _one_chunk_sdpa(plan, qh, k, v, _real(v_scale, "v_scale"))  # [B * Qmax, Hq, D] fp32
         if plan.out_rows is not None:
             out = out.index_select(0, plan.out_rows)
         return out.to(q.dtype)
 
-    m = torch.full((b, hkv, g * qmax, 1), -math.inf, device=plan.device)  # running max of the logits
-    den = torch.zeros_like(m)  # running sum of exp(logit - max)
-    acc = torch.zeros(b, hkv, g * qmax, d, device=plan.device)  # running sum of exp(logit - max) * v
     k_rows, v_rows = _rows_view(k), _rows_view(v)
+    if plan.shared is not None:
+        m, den, acc = _shared_level(plan, qh, k, v, k_rows, v_rows)
+    else:
+        m = torch.full((b, hkv, g * qmax, 1), -math.inf, device=plan.device)  # running max of the logits
+        den = torch.zeros_like(m)  # running sum of exp(logit - max)
+        acc = torch.zeros(b, hkv, g * qmax, d, device=plan.device)  # running sum of exp(logit - max) * v
     k_buf, v_buf = _workspace(plan, k.dtype, 0), _workspace(plan, v.dtype, 1)
     for c in plan.chunks:
         lc = c.num_tokens
@@ -337,6 +368,32 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
     if plan.out_rows is not None:
         lse = lse.index_select(0, plan.out_rows)
     return out, lse.contiguous()  # lse: float32[total_q, Hq], base 2
+
+
+def _shared_level(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  k_rows: torch.Tensor | None,
+                  v_rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The online softmax's state ``(max, denominator, accumulator)`` after the shared prefix: its K/V gathered once
+    and every row's queries (``qh`` ``[B, Hkv, G * Qmax, D]``, scaled) stacked into one attention call. Every query
+    sees every shared key, so no mask is needed. Returns ``m = lse`` ``[B, Hkv, G * Qmax, 1]``, ``den = 1`` and
+    ``acc`` = the normalised output ``[B, Hkv, G * Qmax, D]``."""
+    shared = plan.shared
+    assert shared is not None
+    b, hkv, gq, d = qh.shape
+    p = shared.num_tokens
+    n = hkv * p * d
+    k0 = _gather(k, k_rows, shared.rows, _workspace(plan, k.dtype, 2, n)).view(1, hkv, p, d)
+    v0 = _gather(v, v_rows, shared.rows, _workspace(plan, v.dtype, 3, n)).view(1, hkv, p, d)
+    q0 = qh.transpose(0, 1).reshape(1, hkv, b * gq, d)  # all rows' queries, per KV head
+    if q0.device.type == "cpu":  # the fused kernel, which also returns the log-sum-exp
+        out0, lse0 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q0, k0, v0, scale=1.0)
+    else:
+        s = torch.matmul(q0, k0.transpose(-1, -2))  # [1, Hkv, B * GQ, P]
+        lse0 = torch.logsumexp(s, dim=-1)
+        out0 = torch.matmul(torch.softmax(s, dim=-1), v0)
+    acc = out0.view(hkv, b, gq, d).transpose(0, 1).contiguous()
+    m = lse0.view(hkv, b, gq, 1).transpose(0, 1).contiguous()
+    return m, torch.ones_like(m), acc
 
 
 def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -383,12 +440,14 @@ def _rows_view(cache: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def _workspace(plan: AttentionPlan, dtype: torch.dtype, which: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat ``(raw, fp32)`` gather buffers of K (``which`` 0) or V (1) for the largest chunk, kept on the plan
-    across layers."""
+def _workspace(plan: AttentionPlan, dtype: torch.dtype, which: int,
+               n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat ``(raw, fp32)`` gather buffers of ``n`` elements (default: the largest per-row chunk), kept on the plan
+    across layers under ``which``: 0/1 for a chunk's K/V, 2/3 for the shared prefix's."""
     ws = plan.workspace.get((dtype, which))
     if ws is None:
-        n = plan.batch * max((c.num_tokens for c in plan.chunks), default=0) * plan.num_kv_heads * plan.head_dim
+        if n is None:
+            n = plan.batch * max((c.num_tokens for c in plan.chunks), default=0) * plan.num_kv_heads * plan.head_dim
         raw = torch.empty(n if dtype != torch.float32 else 0, dtype=dtype, device=plan.device)
         ws = raw, torch.empty(n, dtype=torch.float32, device=plan.device)
         plan.workspace[(dtype, which)] = ws

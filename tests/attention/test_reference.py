@@ -79,16 +79,19 @@ class Case:
 
 def make_case(rng: np.random.Generator, lengths: list[int], q_lens: list[int] | None, page_size: int, hkv: int,
               group: int, d: int, kv_dtype: torch.dtype = torch.float32,
-              q_dtype: torch.dtype = torch.float32) -> Case:
-    """Random q/K/V; rows get shuffled (non-ascending) pages; every slot no row lists is NaN (poison)."""
+              q_dtype: torch.dtype = torch.float32, shared_pages: int = 0) -> Case:
+    """Random q/K/V; rows get shuffled (non-ascending) pages; every slot no row lists is NaN (poison). The first
+    ``shared_pages`` pages of every row with that many are the same pages (a shared prefix)."""
     pages_per_row = [-(-n // page_size) for n in lengths]
     num_pages = sum(pages_per_row) + 3
     shuffled = rng.permutation(num_pages)
     table = np.zeros((len(lengths), max(pages_per_row + [1])), dtype=np.int64)
-    at = 0
+    at = shared_pages
     for b, n in enumerate(pages_per_row):
-        table[b, :n] = shuffled[at:at + n]
-        at += n
+        own = max(0, n - shared_pages)
+        table[b, : n - own] = shuffled[: n - own]
+        table[b, n - own : n] = shuffled[at:at + own]
+        at += own
     meta = build_csr(table, np.asarray(lengths, dtype=np.int64), page_size, CPU)
     gen = torch.Generator().manual_seed(int(rng.integers(1 << 31)))
     k = torch.full((num_pages, page_size, hkv, d), math.nan)
@@ -137,6 +140,7 @@ def cases(draw: st.DrawFn) -> dict:
         "k_scale": draw(st.sampled_from([1.0, 0.5])), "v_scale": draw(st.sampled_from([1.0, 3.0])),
         "cache_3d": draw(st.booleans()),
         "chunk_bytes": draw(st.sampled_from([reference.CHUNK_BYTES, 1, 4096])),  # 1: one page per chunk
+        "shared_pages": draw(st.integers(0, 3)),  # leading pages every row lists alike (a cascade when they fit)
     }
 
 
@@ -144,14 +148,15 @@ def cases(draw: st.DrawFn) -> dict:
 @given(cases())
 def test_matches_dense_float64_oracle(c: dict) -> None:
     case = make_case(np.random.default_rng(c["seed"]), c["lengths"], c["q_lens"], c["page_size"], c["hkv"],
-                     c["group"], c["d"])
+                     c["group"], c["d"], shared_pages=c["shared_pages"])
     kw = {"causal": c["causal"], "sm_scale": c["sm_scale"], "k_scale": c["k_scale"], "v_scale": c["v_scale"]}
     want_out, want_lse = oracle(case.q, case.k, case.v, case.meta, case.qo_indptr, cap=c["cap"], **kw)
     k, v = case.k, case.v
     if c["cache_3d"]:
         k, v = k.flatten(0, 1), v.flatten(0, 1)  # the pool's [num_slots, Hkv, D] view
     qo = None if case.qo_indptr is None else torch.tensor(case.qo_indptr, dtype=torch.int32)
-    with mock.patch.object(reference, "CHUNK_BYTES", c["chunk_bytes"]):
+    with mock.patch.object(reference, "CHUNK_BYTES", c["chunk_bytes"]), \
+            mock.patch.object(reference, "CASCADE_MIN_TOKENS", 1):
         out, lse = paged_attention(case.q, k, v, case.meta, qo_indptr=qo, logits_soft_cap=c["cap"],
                                    return_lse=True, **kw)
         plain = paged_attention(case.q, k, v, case.meta, qo_indptr=qo, logits_soft_cap=c["cap"], **kw)
@@ -159,6 +164,51 @@ def test_matches_dense_float64_oracle(c: dict) -> None:
     assert_close(out, want_out, 1e-5)
     assert_close(lse, want_lse, 1e-5)
     assert_close(plain, want_out, 1e-5)  # without LSE, one-chunk decode takes the fused SDPA path
+
+
+# ------------------------------------------------------------------------------------------------ shared prefix
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("q_lens", [None, [4, 4, 4, 4], [1, 3, 2, 5], "full"])
+@pytest.mark.parametrize("chunk_bytes", [reference.CHUNK_BYTES, 1])
+def test_shared_prefix_cascade_matches_the_oracle(page_size: int, q_lens: Any, chunk_bytes: int) -> None:
+    """Rows listing the same first pages (a cached system prompt) take the cascade: the shared K/V read once, every
+    row's queries attend to it together, the rows' own pages follow. Same result as the oracle; where a row's
+    queries start inside the shared pages, only the pages before them are shared."""
+    lengths = [150, 161, 149, 190]
+    if q_lens == "full":  # prefill of every position: queries start at 0, so nothing can be shared
+        q_lens = lengths
+    shared_pages = 144 // page_size
+    case = make_case(np.random.default_rng(page_size), lengths, q_lens, page_size, 2, 2, 16,
+                     shared_pages=shared_pages)
+    qo = None if case.qo_indptr is None else torch.tensor(case.qo_indptr, dtype=torch.int32)
+    want_out, want_lse = oracle(case.q, case.k, case.v, case.meta, case.qo_indptr, v_scale=2.0)
+    with mock.patch.object(reference, "CHUNK_BYTES", chunk_bytes):
+        plan = reference.plan_attention(case.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16, qo_indptr=qo)
+        out, lse = paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo, v_scale=2.0, return_lse=True)
+        plain = paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo, v_scale=2.0)
+    before = min(n - (1 if q_lens is None else q) for n, q in zip(lengths, q_lens or [1] * 4))
+    expected = min(shared_pages, before // page_size) * page_size
+    assert (plan.shared.num_tokens if plan.shared is not None else 0) == \
+        (expected if expected >= reference.CASCADE_MIN_TOKENS else 0)
+    if q_lens != lengths:
+        assert plan.shared is not None
+    assert_close(out, want_out, 1e-5)
+    assert_close(lse, want_lse, 1e-5)
+    assert_close(plain, want_out, 1e-5)
+
+
+def test_no_cascade_for_one_row_short_prefixes_or_a_soft_cap() -> None:
+    case = make_case(np.random.default_rng(5), [300, 310], None, 16, 2, 2, 16, shared_pages=18)
+    plan = reference.plan_attention(case.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16)
+    assert plan.shared is not None and plan.shared.num_tokens == 288
+    assert reference.plan_attention(case.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16,
+                                    logits_soft_cap=5.0).shared is None
+    one = make_case(np.random.default_rng(5), [300], None, 16, 2, 2, 16)
+    assert reference.plan_attention(one.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16).shared is None
+    short = make_case(np.random.default_rng(5), [300, 310], None, 16, 2, 2, 16, shared_pages=7)  # 112 tokens
+    assert reference.plan_attention(short.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16).shared is None
+    want, _ = oracle(case.q, case.k, case.v, case.meta, None, cap=5.0)
+    assert_close(paged_attention(case.q, case.k, case.v, case.meta, logits_soft_cap=5.0), want, 1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
