@@ -25,6 +25,8 @@ from .speculative import AcceptResult, accept_greedy, accept_rejection
 from .transformer import ForwardOutput, Transformer
 
 PREFILL_CHUNK = 512  # prompt tokens per forward: bounds activation memory on long prompts
+PADDING_WASTE = 1.25  # a padded prefill batch computes at most this many positions per real prompt position,
+PADDING_FREE = 64  # plus this many (short windows cost their per-forward overhead, not their positions)
 
 
 class Decoder:
@@ -69,6 +71,65 @@ class Decoder:
                 self.drafter.absorb_known(seq)
         seq.prefill_s = time.perf_counter() - seq.t0
         return seq.prefilled == len(seq.prompt)
+
+    def prefill_batch(self, seqs: list[Sequence]) -> None:
+        """Prefill the unwritten prompt parts of several sequences in one forward (their logits then predict each
+        first token). Rows may start at different positions (different prefix hits) and have different lengths:
+        each window is right-padded to the longest, and the padding's K/V is sealed off with ``truncate_to`` (as a
+        verify round seals rejected drafts), so every row keeps exactly its prompt. ValueError unless every row has
+        1..PREFILL_CHUNK prompt positions left and room for its padding (``padded_prefill_fits``)."""
+        if not seqs:
+            return
+        start = np.array([s.prefilled for s in seqs], dtype=np.int64)
+        rem = np.array([len(s.prompt) for s in seqs], dtype=np.int64) - start
+        if not self.padded_prefill_fits(seqs):
+            raise ValueError(f"prefill_batch needs 1..{PREFILL_CHUNK} prompt positions left per row and room for "
+                             f"the padding, got remainders {rem.tolist()}")
+        width = int(rem.max())
+        self._activate(seqs)
+        tokens = torch.zeros(len(seqs), width, dtype=torch.int64)
+        for b, seq in enumerate(seqs):
+            tokens[b, : rem[b]] = torch.tensor(seq.prompt[seq.prefilled :])
+        out = self.transformer(tokens.to(self.pool.device), start, self.pool, self.backend)
+        self.pool.truncate_to(start + rem, start + width)
+        for b, seq in enumerate(seqs):
+            seq.logits = out.logits[b : b + 1, int(rem[b]) - 1]
+            seq.forwards += 1
+            seq.prefill_forwards += 1
+            seq.prefilled = len(seq.prompt)
+            seq.prefill_s = time.perf_counter() - seq.t0
+            if self.drafter is not None and seq.history is not None:
+                self.drafter.extend(seq, out.hidden[b, : rem[b]], int(start[b]))
+        if self.drafter is not None:
+            self.drafter.absorb_known_batch([s for s in seqs if s.history is not None])
+
+    @staticmethod
+    def padded_prefill_fits(seqs: list[Sequence]) -> bool:
+        """Whether ``prefill_batch`` can take ``seqs``: each has 1..PREFILL_CHUNK prompt positions left and its
+        padding to the longest stays inside its bound capacity."""
+        rem = [len(s.prompt) - s.prefilled for s in seqs]
+        width = max(rem, default=0)
+        return bool(seqs) and min(rem) >= 1 and width <= PREFILL_CHUNK and \
+            all(s.prefilled + width <= s.capacity for s in seqs)
+
+    @staticmethod
+    def padded_prefill_groups(seqs: list[Sequence]) -> list[list[Sequence]]:
+        """``seqs`` split into groups ``prefill_batch`` can take, shortest remainders first, each computing at
+        most ``PADDING_WASTE * real + PADDING_FREE`` positions for its ``real`` prompt positions (a group of one is a
+        plain ``prefill``)."""
+        groups: list[list[Sequence]] = []
+        real = 0
+        for seq in sorted(seqs, key=lambda s: len(s.prompt) - s.prefilled):
+            rem = len(seq.prompt) - seq.prefilled
+            group = groups[-1] if groups else []
+            if group and (len(group) + 1) * rem <= PADDING_WASTE * (real + rem) + PADDING_FREE and \
+                    Decoder.padded_prefill_fits(group + [seq]):
+                group.append(seq)
+                real += rem
+            else:
+                groups.append([seq])
+                real = rem
+        return groups
 
     # ------------------------------------------------------------------ one step for a batch
     def step(self, seqs: list[Sequence]) -> None:

@@ -96,6 +96,37 @@ class MtpDrafter:
         h.filled += known
         h.pending = [rows[known:]] if known < rows.shape[0] else []
 
+    def absorb_known_batch(self, seqs: list[Sequence]) -> None:
+        """``absorb_known`` (keeping one row pending) for several sequences in one right-padded MTP forward; the
+        padding's K/V is sealed off again with ``truncate_to``. Falls back to one call per sequence where the
+        padding would not fit a history row's capacity."""
+        hist = [s.history for s in seqs]
+        known = [0 if h is None else min(h.pending_rows - 1, len(s.prompt) + len(s.tokens) - 1 - h.filled)
+                 for s, h in zip(seqs, hist)]
+        rows = [(s, h, n) for s, h, n in zip(seqs, hist, known) if h is not None and n > 0]
+        width = max((n for _, _, n in rows), default=0)
+        if self.mode == "per_round" or len(rows) < 2 or \
+                any(h.filled + width > s.capacity for s, h, _ in rows):
+            for seq, _, _ in rows:
+                self.absorb_known(seq)
+            return
+        dev = self.pool.device
+        tokens = torch.zeros(len(rows), width, dtype=torch.int64)
+        hidden = torch.zeros(len(rows), width, self.transformer.config.hidden_size, dtype=self.transformer.dtype,
+                             device=dev)
+        pending = []
+        for b, (seq, h, n) in enumerate(rows):
+            tokens[b, :n] = torch.tensor(seq.tokens_between(h.filled + 1, h.filled + 1 + n))
+            pending.append(torch.cat(h.pending))
+            hidden[b, :n] = pending[-1][:n]
+        start = np.array([h.filled - h.offset for _, h, _ in rows], dtype=np.int64)
+        self.pool.activate_step(*[h.request_id for _, h, _ in rows])
+        self.transformer.draft(tokens.to(dev), hidden, start, self.pool, self.backend)
+        self.pool.truncate_to(start + np.array([n for _, _, n in rows], dtype=np.int64), start + width)
+        for (_, h, n), all_rows in zip(rows, pending):
+            h.filled += n
+            h.pending = [all_rows[n:]] if n < all_rows.shape[0] else []
+
     # ------------------------------------------------------------------ drafting
     def max_batch(self, n: int) -> int:
         """The most sequences one ``propose`` of ``n`` drafts can take: per-round mode binds a row of ``n``

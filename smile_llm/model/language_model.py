@@ -9,6 +9,7 @@ the rows' KV is whole (normal end, stop, cancellation between steps), unbound wi
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ from .weights import load_into, read_checkpoint
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default"
 PER_ROUND_ROWS = 256  # rows of the per-round draft pool: larger batches draft in several rounds
+BATCHED_PREFILL_TOKENS = 256  # a prompt left with at most this many unmatched positions waits to be prefilled with others
 
 
 class GenerationCancelled(RuntimeError):
@@ -254,7 +256,10 @@ class LanguageModel:
                        draft_sampling: str = "greedy") -> list[Completion]:
         """Generate for several prompts as one ragged batch: each is bound with ``bind_request`` (prefix reuse
         included), prefilled on its own and its prompt cached (``cache_prefix``) before the next is bound, so
-        prompts sharing a prefix compute it once; then all rows step together (speculative rounds for rows that can
+        prompts sharing a prefix compute it once. The first prompt of each group sharing a first page is computed
+        and cached at once; the others, when left with at most BATCHED_PREFILL_TOKENS unmatched positions (the user
+        turns after a shared system prompt, or short unrelated prompts), are prefilled together in padded forwards
+        (``Decoder.prefill_batch``) once all are bound. Then all rows step together (speculative rounds for rows that can
         draft, plain steps for the rest), rows leaving the batch as they finish. Row i samples with seed
         ``seed + i`` (when seed is nonzero). Greedy results equal ``generate`` on each prompt.
         KvCacheExhaustedError if the rows do not fit together."""
@@ -273,6 +278,9 @@ class LanguageModel:
         try:
             if self.drafter is not None:
                 self.drafter.pool.unbind_requests()
+            short: list[SequenceState] = []  # prompts left with a short unmatched part, prefilled together
+            first_pages = [tuple(ids[: pool.page_size]) for ids in prompt_ids]
+            sharing = {key for key, n in Counter(first_pages).items() if n > 1}  # prompts that may share a prefix
             for i, ids in enumerate(prompt_ids):  # bind, prefill and cache each prompt before binding the next
                 rid = pool.bind_request(ids, len(ids) + limits[i])
                 row_seed = ((seed + i) or (1 << 62)) if seed else 0  # nonzero seeds stay nonzero per row
@@ -285,9 +293,22 @@ class LanguageModel:
                 if k and self.drafter is not None:
                     self.drafter.bind(seq)
                 if seq.remaining > 0:
+                    leader = first_pages[i] in sharing  # the first of its group: computed and cached first
+                    sharing.discard(first_pages[i])
+                    if not leader and len(ids) - seq.prefilled <= BATCHED_PREFILL_TOKENS:
+                        short.append(seq)
+                        continue
                     self.decoder.prefill(seq)
                     seq.take_next()
                     pool.cache_prefix(rid, ids)  # later prompts sharing a prefix (a system prompt) match it
+            for group in self.decoder.padded_prefill_groups(short):
+                if len(group) == 1:
+                    self.decoder.prefill(group[0])
+                else:
+                    self.decoder.prefill_batch(group)
+                for seq in group:
+                    seq.take_next()
+                    pool.cache_prefix(seq.request_id, seq.prompt)
             alive = [s for s in seqs if s.remaining > 0]
             while alive:
                 self.decoder.step(alive)

@@ -774,13 +774,14 @@ def test_drafts_equal_a_from_scratch_mtp_computation(monkeypatch, batched, draft
     monkeypatch.setattr(lm.drafter, "propose", spy)
     rounds = 10 if CI else 25
     n = 20 if CI else 30
-    prompts = [SHARED_HEADER + "def main(", SHARED_HEADER + "class Archive:\n    def "]
+    # three prompts: in a batch the last two are prefilled (and their histories absorbed) in one padded forward
+    prompts = [SHARED_HEADER + "def main(", SHARED_HEADER + "class Archive:\n    def ", SHARED_HEADER + "x = ("]
     for i in range(2):  # the second pass matches prefixes: the history starts at the matched length
         if batched:
             out = lm.generate_batch(prompts, n, speculative_tokens=3)
         else:
             out = [lm.generate(p, n, speculative_tokens=3) for p in prompts]
-        assert all((c.stats["cached_tokens"] > 0) == (i == 1 or j == 1) for j, c in
+        assert all((c.stats["cached_tokens"] > 0) == (i == 1 or j >= 1) for j, c in
                    enumerate(out))
     assert_pools_clean(lm)
     assert len({offset for _, offset, _, _ in records}) > 2
