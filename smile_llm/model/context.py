@@ -16,7 +16,8 @@ from ..cache import KvCachePool
 
 class RopeTable:
     """cos and sin of every position below a limit that grows as needed (doubling), computed once per device and
-    dtype with HF's float32 math; lookups are slices (one row) or one gather (ragged rows)."""
+    dtype with HF's float32 math; lookups are slices (one row) or one gather (ragged rows). The sin table has its
+    first half negated, so RoPE is ``x * cos + x.roll(head_dim // 2, -1) * sin`` (HF's ``rotate_half`` as a roll)."""
 
     def __init__(self) -> None:
         self._key: tuple[torch.device, torch.dtype] | None = None
@@ -40,7 +41,9 @@ class RopeTable:
             positions = torch.arange(limit, device=inv_freq.device).float()
             freqs = positions[:, None] * inv_freq  # [limit, head_dim / 2]
             emb = torch.cat((freqs, freqs), dim=-1)  # [limit, head_dim]
-            self._cos, self._sin = emb.cos().to(dtype), emb.sin().to(dtype)
+            sin = emb.sin()
+            sin[:, : sin.shape[1] // 2].neg_()  # rotate_half(x) * sin == x.roll(half, -1) * this, bit for bit
+            self._cos, self._sin = emb.cos().to(dtype), sin.to(dtype)
         self._key = (inv_freq.device, dtype)
 
 

@@ -36,5 +36,5 @@ class MtpHead(nn.Module):
         x = self.fc(torch.cat([self.pre_fc_norm_embedding(embedded),
                                self.pre_fc_norm_hidden(hidden.to(embedded.dtype))], dim=-1))
         for layer in self.layers:
-            x = layer(x, ctx)
+            x = layer.forward(x, ctx)
         return x

@@ -78,7 +78,8 @@ class Transformer(nn.Module):
                               c.num_key_value_heads, c.head_dim, self.dtype)
 
     def rope(self, start: np.ndarray, seqlen: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE cos and sin ``[B, S, 1, head_dim]`` of positions ``start[b] + [0, S)`` (from a cached table)."""
+        """RoPE cos and sin ``[B, S, 1, head_dim]`` of positions ``start[b] + [0, S)`` (from a cached table; sin with
+        its first half negated, see ``RopeTable``)."""
         return self._rope.lookup(start, seqlen, self.get_buffer("inv_freq"), self.dtype)
 
     @torch.inference_mode()
@@ -91,7 +92,7 @@ class Transformer(nn.Module):
         """The forward over a prepared context (CUDA-graph runners capture this with static buffers)."""
         x = self.model.embed_tokens(tokens)
         for layer in self.model.layers:
-            x = layer(x, ctx)
+            x = layer.forward(x, ctx)  # no hooks: skip Module.__call__ (see DecoderLayer.forward)
         return ForwardOutput(self.lm_head(self.model.norm(x)).float(), x)
 
     @torch.inference_mode()

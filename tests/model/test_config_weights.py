@@ -316,3 +316,29 @@ def test_load_tokenizer_choices(tmp_path):
     ids = t2.encode("the quick brown fox")
     assert ids == tok.encode("the quick brown fox", add_special_tokens=False).ids
     assert t2.decode(ids + [1]) == "the quick brown fox"  # special tokens are skipped
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_projections_alias_the_named_parameters(bias):
+    """q/k/v (and gate/up) are row views of one fused weight: an in-place write by name (how checkpoints load)
+    reaches the fused matmul, and a dtype change fuses the new tensors again."""
+    config = ModelConfig.from_dict({"model_type": "qwen2" if bias else "qwen3", **BASE, "num_key_value_heads": 2,
+                                    "head_dim": 16})
+    model = Transformer(config)
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    assert (attn.qkv_bias is not None) == bias
+    names = dict(model.named_parameters())
+    assert "model.layers.1.self_attn.k_proj.weight" in names and "model.layers.1.mlp.up_proj.weight" in names
+    for m in (model, model.to(torch.bfloat16), model.to(torch.float64)):
+        attn, mlp = m.model.layers[1].self_attn, m.model.layers[1].mlp
+        assert attn.qkv_weight.dtype == attn.k_proj.weight.dtype == mlp.gate_up_weight.dtype
+        with torch.no_grad():
+            attn.k_proj.weight.fill_(0.5)
+            mlp.up_proj.weight.fill_(-2.0)
+            if bias:
+                attn.v_proj.bias.fill_(3.0)
+        q_rows, kv_rows = attn.q_proj.out_features, attn.k_proj.out_features
+        assert bool((attn.qkv_weight[q_rows : q_rows + kv_rows] == 0.5).all())
+        assert bool((mlp.gate_up_weight[config.intermediate_size :] == -2.0).all())
+        if bias:
+            assert bool((attn.qkv_bias[q_rows + kv_rows :] == 3.0).all())
