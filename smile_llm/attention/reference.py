@@ -168,10 +168,10 @@ def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_head
     if num_qo_heads % num_kv_heads:
         raise ValueError(f"num_qo_heads={num_qo_heads} is not a multiple of num_kv_heads={num_kv_heads} (GQA maps "
                          f"query head h to KV head h // (Hq / Hkv))")
-    meta.validate(num_pages)
+    indptr, last_len, used = meta.checked_host(num_pages)  # int64 [B+1], [B], [indptr[-1]]
     ps = meta.page_size
-    indptr = meta.indptr.cpu().numpy().astype(np.int64)  # [B+1]
-    kv_lens = meta.kv_lens()  # int64[B]
+    num_row_pages = np.diff(indptr)  # [B]
+    kv_lens = np.where(num_row_pages > 0, (num_row_pages - 1) * ps + last_len, 0)  # int64[B]
     batch = len(kv_lens)
     q_lens = np.ones(batch, dtype=np.int64) if qo_indptr is None else _qo_lens(qo_indptr, batch)
     total_q, max_q = int(q_lens.sum()), int(q_lens.max(initial=0))
@@ -181,9 +181,11 @@ def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_head
     if cap is not None and cap < 0:
         raise ValueError(f"logits_soft_cap must be positive (or None / 0 for no cap), got {cap}")
 
-    num_row_pages = np.diff(indptr)  # [B]
     max_pages = int(num_row_pages.max(initial=0))
-    used = meta.indices[: int(indptr[-1])].cpu().numpy().astype(np.int64)
+    if batch == 1 and 0 < max_q <= kv_lens[0] and \
+            _pages_per_chunk(1, ps, num_kv_heads, head_dim, num_qo_heads * max_q, max_pages) >= max_pages:
+        return _plan_one_row(used, int(kv_lens[0]), max_q, ps, num_qo_heads, num_kv_heads, head_dim,
+                             causal and qo_indptr is not None, scale, cap, device)
     table = np.zeros((batch, max_pages), dtype=np.int64)  # [B, Pmax]; pads read page 0 and are masked
     table[np.arange(max_pages) < num_row_pages[:, None]] = used  # row-major, so CSR order
 
@@ -220,13 +222,28 @@ def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_head
         chunks.append(_Chunk(torch.from_numpy(rows).to(device), end - first * ps, hidden, past_end))
 
     q_rows = out_rows = None
-    if max_q != 1 or total_q != batch:  # not plain decode: pad every row to Qmax queries
+    if total_q != batch * max_q:  # ragged windows: pad every row to Qmax queries
         starts = np.concatenate([[0], np.cumsum(q_lens)[:-1]]) if batch else np.zeros(0, dtype=np.int64)
         valid = qi[None, :] < q_lens[:, None]  # [B, Qmax]
         q_rows = torch.from_numpy(np.where(valid, starts[:, None] + qi[None, :], 0).reshape(-1)).to(device)
         out_rows = torch.from_numpy(np.flatnonzero(valid.reshape(-1))).to(device)
     return AttentionPlan(batch, num_qo_heads, num_kv_heads, head_dim, ps, total_q, max_q,
                          int(used.max(initial=-1)), scale, cap or None, device, q_rows, out_rows, chunks, shared)
+
+
+def _plan_one_row(pages: np.ndarray, kv_len: int, q_len: int, ps: int, hq: int, hkv: int, d: int, causal: bool,
+                  scale: float, cap: float | None, device: torch.device) -> AttentionPlan:
+    """``plan_attention`` of the commonest forward, one row whose ``q_len <= kv_len`` queries and keys fit one
+    chunk (single-stream decode, verify and prefill): what the general path builds, without its padding."""
+    slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)[:kv_len]
+    rows = (slots[None, :] * hkv + np.arange(hkv)[:, None]).reshape(-1)  # [Hkv * L], head-major
+    hidden = None
+    if causal and q_len > 1:  # query i sees keys up to i + kv_len - q_len
+        limit = torch.arange(kv_len - q_len, kv_len)
+        hidden = (torch.arange(kv_len) > limit[:, None]).view(1, 1, 1, q_len, kv_len).to(device)
+    chunk = _Chunk(torch.from_numpy(rows).to(device), kv_len, hidden, None)
+    return AttentionPlan(1, hq, hkv, d, ps, q_len, q_len, int(pages.max()), scale, cap or None, device, None, None,
+                         [chunk])
 
 
 def _shared_pages(table: np.ndarray, num_row_pages: np.ndarray, before_queries: np.ndarray, ps: int) -> int:
@@ -306,8 +323,8 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
     """One layer under ``plan``; ``k``/``v`` 4-D NHD pages (see ``_check_tensors``)."""
     b, hq, hkv, d, qmax = plan.batch, plan.num_qo_heads, plan.num_kv_heads, plan.head_dim, plan.max_q
     if q.shape[0] != plan.total_q:
-        how = "qo_indptr[-1]" if plan.q_rows is not None else "B (decode: one query per row; pass qo_indptr otherwise)"
-        raise ValueError(f"q has {q.shape[0]} query rows but {how} is {plan.total_q}")
+        raise ValueError(f"q has {q.shape[0]} query rows but the plan has {plan.total_q} (qo_indptr[-1], or B for "
+                         f"decode: one query per row; pass qo_indptr otherwise)")
     if tuple(q.shape[1:]) != (hq, d) or tuple(k.shape[2:]) != (hkv, d):
         raise ValueError(f"planned q heads [{hq}, {d}] and K/V heads [{hkv}, {d}], got q {tuple(q.shape)} and "
                          f"K/V {tuple(k.shape)}")

@@ -43,6 +43,11 @@ class FlashInferKvMetadata:
         """Raise ValueError unless the CSR is well formed: int32 tensors of matching sizes, ``indptr`` starting at
         0 and non-decreasing, ``last_page_len`` in ``[1, page_size]`` for non-empty rows and 0 for empty ones, and
         (given ``num_pages``) every listed page in ``[0, num_pages)``."""
+        self.checked_host(num_pages)
+
+    def checked_host(self, num_pages: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``validate``, then the host copies it read: int64 ``indptr`` ``[B+1]``, ``last_page_len`` ``[B]`` and the
+        ``indptr[-1]`` listed pages (so a planner converts each tensor once)."""
         for name in ("indptr", "indices", "last_page_len"):
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
@@ -52,21 +57,22 @@ class FlashInferKvMetadata:
         last = self.last_page_len.cpu().numpy().astype(np.int64)
         if len(indptr) != len(last) + 1:
             raise ValueError(f"indptr has {len(indptr)} entries for {len(last)} rows; it needs B + 1")
-        if indptr[0] != 0 or (np.diff(indptr) < 0).any():
+        pages = np.diff(indptr)
+        if indptr[0] != 0 or (pages < 0).any():
             raise ValueError(f"indptr must start at 0 and never decrease, got {indptr.tolist()}")
         if indptr[-1] > self.indices.shape[0]:
             raise ValueError(f"indptr[-1] = {indptr[-1]} but indices holds only {self.indices.shape[0]} pages")
-        pages = np.diff(indptr)
         bad = np.flatnonzero(np.where(pages > 0, (last < 1) | (last > self.page_size), last != 0))
         if len(bad):
             b = int(bad[0])
             raise ValueError(f"row {b}: last_page_len {int(last[b])} with {int(pages[b])} pages; it must be in "
                              f"[1, page_size={self.page_size}] for a non-empty row and 0 for an empty one")
-        if num_pages is not None and indptr[-1]:
-            used = self.indices[: int(indptr[-1])]
+        used = self.indices[: int(indptr[-1])].cpu().numpy().astype(np.int64)
+        if num_pages is not None and len(used):
             lo, hi = int(used.min()), int(used.max())
             if lo < 0 or hi >= num_pages:
                 raise ValueError(f"indices list page {lo if lo < 0 else hi}, outside the pool's {num_pages} pages")
+        return indptr, last, used
 
 
 def csr_arrays(page_table: np.ndarray, lengths: np.ndarray, page_size: int) -> tuple[np.ndarray, ...]:
