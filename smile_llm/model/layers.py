@@ -16,6 +16,20 @@ if TYPE_CHECKING:
     from .context import ForwardContext
 
 
+class PreparedModule(nn.Module):
+    """A module whose ``forward`` reads tensors derived from its parameters (fused weights), made by ``_prepare``
+    at construction and again after every ``.to()`` (``_apply``), which gives parameters new tensors. The derived
+    tensors share the parameters' storage, so loading by name (``copy_``) needs no ``_prepare``."""
+
+    def _prepare(self) -> None:
+        raise NotImplementedError
+
+    def _apply(self, fn: Any, recurse: bool = True) -> PreparedModule:
+        super()._apply(fn, recurse)
+        self._prepare()
+        return self
+
+
 class RMSNorm(nn.Module):
     """``x / rms(x) * weight``, computed in float32 like HF."""
 
@@ -69,12 +83,12 @@ def fuse_rows(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     return weight, bias
 
 
-class Attention(nn.Module):
+class Attention(PreparedModule):
     """Self-attention with HF parameter names (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``; ``q_norm``/``k_norm`` for
     Qwen3), GQA, RoPE, K/V written through ``pool.put`` and attention through the backend over the step CSR.
 
     q, k and v come from one matmul: their weights are row views of one fused tensor (``fuse_rows``, redone after
-    any ``.to()``). The q/k norms run as one normalisation over all heads, and RoPE once over q and k together."""
+    any ``.to()``, see ``PreparedModule``). The q/k norms run as one normalisation over all heads, and RoPE once over q and k together."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -88,15 +102,10 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, d, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self._fuse()
+        self._prepare()
 
-    def _fuse(self) -> None:
+    def _prepare(self) -> None:
         self.qkv_weight, self.qkv_bias = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
-
-    def _apply(self, fn: Any, recurse: bool = True) -> Attention:
-        super()._apply(fn, recurse)
-        self._fuse()  # a dtype or device change gives the projections new tensors: fuse those
-        return self
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """``x`` ``[B, S, D]`` at the positions of ``ctx`` -> ``[B, S, D]``; writes this layer's K/V of the S positions
@@ -114,7 +123,7 @@ class Attention(nn.Module):
         return F.linear(out.reshape(b, s, h * hd), self.o_proj.weight)
 
 
-class MLP(nn.Module):
+class MLP(PreparedModule):
     """The SwiGLU feed-forward block: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, gate and up in one matmul
     (their weights are row views of one fused tensor, as in ``Attention``)."""
 
@@ -125,15 +134,10 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(d, inner, bias=False)
         self.down_proj = nn.Linear(inner, d, bias=False)
         self.inner = inner
-        self._fuse()
+        self._prepare()
 
-    def _fuse(self) -> None:
+    def _prepare(self) -> None:
         self.gate_up_weight, _ = fuse_rows(self.gate_proj, self.up_proj)
-
-    def _apply(self, fn: Any, recurse: bool = True) -> MLP:
-        super()._apply(fn, recurse)
-        self._fuse()
-        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., D]`` -> ``[..., D]``."""

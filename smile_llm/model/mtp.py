@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from .config import ModelConfig
 from .context import ForwardContext
@@ -33,8 +34,8 @@ class MtpHead(nn.Module):
     def forward(self, embedded: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """``embedded`` (embeddings of the next tokens) and ``hidden`` ``[B, S, D]`` -> the head's output ``x``
         ``[B, S, D]`` before ``norm``. Writes the S positions of ``ctx`` into the MTP pool's layers."""
-        x = self.fc(torch.cat([self.pre_fc_norm_embedding(embedded),
-                               self.pre_fc_norm_hidden(hidden.to(embedded.dtype))], dim=-1))
+        x = F.linear(torch.cat([self.pre_fc_norm_embedding.forward(embedded),
+                                self.pre_fc_norm_hidden.forward(hidden.to(embedded.dtype))], dim=-1), self.fc.weight)
         for layer in self.layers:
             x = layer.forward(x, ctx)
         return x

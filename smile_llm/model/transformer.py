@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
@@ -65,6 +66,14 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling),
                              persistent=False)
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The token embeddings ``[..., D]`` of int64 ``tokens``."""
+        return F.embedding(tokens, self.model.embed_tokens.weight)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 LM-head logits ``[..., vocab]`` of already-normed hidden states ``x``."""
+        return F.linear(x, self.lm_head.weight).float()
+
     @property
     def dtype(self) -> torch.dtype:
         """The parameters' dtype."""
@@ -90,10 +99,10 @@ class Transformer(nn.Module):
 
     def run(self, tokens: torch.Tensor, ctx: ForwardContext) -> ForwardOutput:
         """The forward over a prepared context (CUDA-graph runners capture this with static buffers)."""
-        x = self.model.embed_tokens(tokens)
+        x = self.embed(tokens)
         for layer in self.model.layers:
             x = layer.forward(x, ctx)  # no hooks: skip Module.__call__ (see DecoderLayer.forward)
-        return ForwardOutput(self.lm_head(self.model.norm(x)).float(), x)
+        return ForwardOutput(self.logits(self.model.norm.forward(x)), x)
 
     @torch.inference_mode()
     def draft(self, tokens: torch.Tensor, hidden: torch.Tensor, start: np.ndarray, pool: KvCachePool,
@@ -105,9 +114,9 @@ class Transformer(nn.Module):
         if self.mtp is None:
             raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0); it cannot draft")
         ctx = self.context(pool, backend, start, tokens.shape[1])
-        x = self.mtp(self.model.embed_tokens(tokens), hidden, ctx)
+        x = self.mtp.forward(self.embed(tokens), hidden, ctx)
         if cols is None or (cols == x.shape[1] - 1).all():
             last = x[:, -1]  # [B, D]
         else:
             last = x[torch.arange(x.shape[0], device=x.device), torch.from_numpy(cols).to(x.device)]
-        return DraftOutput(self.lm_head(self.mtp.norm(last)).float(), last)
+        return DraftOutput(self.logits(self.mtp.norm.forward(last)), last)
