@@ -37,6 +37,7 @@ class Decoder:
                  drafter: MtpDrafter | None, decode_graphs: Any = None, verify_graphs: Any = None) -> None:
         self.transformer, self.pool, self.backend, self.drafter = transformer, pool, backend, drafter
         self.decode_graphs, self.verify_graphs = decode_graphs, verify_graphs
+        self.speculative_max_batch: int | None = None  # a step with more rows decodes plainly; None: no limit
 
     def _forward(self, tokens: torch.Tensor, start: np.ndarray, graphs: Any, use_graph: bool) -> ForwardOutput:
         """The target forward of the active rows, replayed from a CUDA graph when ``use_graph``; a failed capture
@@ -134,11 +135,14 @@ class Decoder:
     # ------------------------------------------------------------------ one step for a batch
     def step(self, seqs: list[Sequence]) -> None:
         """Advance every sequence by one forward: rows that can draft speculate (grouped by draft budget, one
-        round per group), the others take a plain step together."""
+        round per group), the others take a plain step together. A step of more than ``speculative_max_batch``
+        rows is all plain (their MTP histories keep absorbing, so drafting resumes when the batch shrinks)."""
         groups: dict[int, list[Sequence]] = {}
         plain = []
+        limit = self.speculative_max_batch
+        drafting = self.drafter is not None and (limit is None or len(seqs) <= limit)
         for s in seqs:
-            n = s.draft_budget() if self.drafter is not None else 0
+            n = s.draft_budget() if drafting else 0
             if n >= 1 and self.drafter is not None and self.drafter.ready(s):
                 groups.setdefault(n, []).append(s)
             else:

@@ -95,12 +95,13 @@ class LanguageModel:
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                         mem_fraction: float | None = None, page_size: int = 16, *, max_batch_size: int = 4,
                         max_seq_len: int | None = None, cuda_graphs: bool = True,
-                        draft_kv: str = "history") -> LanguageModel:
+                        draft_kv: str = "history", speculative_max_batch: int | None = None) -> LanguageModel:
         """Load ``config.json``, ``*.safetensors`` (sharded too) and the tokenizer from ``path``; size a KV pool
         for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's context, at most 4096).
         ``cuda_graphs``: replay decode and verify forwards from CUDA graphs on CUDA with FlashInfer (no effect
         elsewhere; ``SMILE_CUDA_GRAPHS=0`` also turns them off). ``draft_kv`` (MTP models): "history" keeps each
-        request's draft KV over its whole context (the default), "per_round" drafts context-free each round."""
+        request's draft KV over its whole context (the default), "per_round" drafts context-free each round.
+        ``speculative_max_batch``: see the property of that name."""
         folder = Path(path)
         config = ModelConfig.from_pretrained(folder)
         device = torch.device(device)
@@ -114,8 +115,25 @@ class LanguageModel:
         layout = KvCacheLayout(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
                                max_batch_size, seq)
         pool = KvCachePool.allocate(layout, device, dtype, mem_fraction or 0.85, page_size)
-        return cls(config, transformer, tokenizer, pool, select_backend(device), seq, cuda_graphs=cuda_graphs,
-                   draft_kv=draft_kv)
+        lm = cls(config, transformer, tokenizer, pool, select_backend(device), seq, cuda_graphs=cuda_graphs,
+                 draft_kv=draft_kv)
+        lm.speculative_max_batch = speculative_max_batch
+        return lm
+
+    @property
+    def speculative_max_batch(self) -> int | None:
+        """The most rows a decoding step may hold and still speculate (None, the default: no limit). A step with
+        more rows decodes plainly, in ``generate_batch`` and in the engine alike (vLLM's
+        ``speculative_disable_by_batch_size``): a large batch already amortises each forward, and its verify
+        windows multiply the attention work. Rows keep their draft history, so they speculate again once the
+        batch shrinks. ValueError unless None or an int >= 0."""
+        return self.decoder.speculative_max_batch
+
+    @speculative_max_batch.setter
+    def speculative_max_batch(self, value: int | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"speculative_max_batch must be None or an int >= 0, got {value!r}")
+        self.decoder.speculative_max_batch = value
 
     @classmethod
     def default(cls, **kwargs: Any) -> LanguageModel:

@@ -261,3 +261,36 @@ def test_a_failing_forward_evicts_its_rows_and_the_engine_keeps_serving(lm, solo
     assert good.result(0).tokens == solo[0]
     engine.shutdown()
     assert_no_leak(lm)
+
+
+def test_speculative_max_batch_decodes_large_steps_plainly(lm, solo, monkeypatch):
+    """With ``speculative_max_batch = 2`` a step of more rows is plain; once rows finish and two or fewer are left,
+    they speculate again from their kept draft history. Every row still gets its solo greedy tokens."""
+    steps: list[tuple[str, int]] = []
+    real_spec, real_plain = lm.decoder.speculate, lm.decoder.decode
+    monkeypatch.setattr(lm.decoder, "speculate", lambda seqs, n: steps.append(("spec", len(seqs))) or
+                        real_spec(seqs, n))
+    monkeypatch.setattr(lm.decoder, "decode", lambda seqs, allow_graph=True: steps.append(("plain", len(seqs))) or
+                        real_plain(seqs, allow_graph))
+    with pytest.raises(ValueError, match="speculative_max_batch"):
+        lm.speculative_max_batch = -1
+    lm.speculative_max_batch = 2
+    try:
+        with InferenceEngine(lm, max_batch_size=4, start=False) as engine:
+            picks = [3, 1, 6, 2]  # 15, 25, 45 and 60 new tokens
+            handles = [engine.submit(PROMPTS[i], SamplingParams(max_new_tokens=LENGTHS[i])) for i in picks]
+            while not all(h.done() for h in handles):
+                alive = sum(not h.done() for h in handles)
+                steps.append(("alive", alive))
+                engine.step()
+            assert [h.result().tokens for h in handles] == [solo[i] for i in picks]
+    finally:
+        lm.speculative_max_batch = None
+    alive = 0
+    for kind, n in steps:
+        if kind == "alive":
+            alive = n
+        elif kind == "spec":
+            assert alive <= 2, steps
+    assert ("plain", 4) in steps and any(kind == "spec" for kind, _ in steps)
+    assert_no_leak(lm)
