@@ -71,7 +71,8 @@ class AttentionPlan:
     chunks: list[_Chunk]  # every row's own positions (after the shared prefix, if any)
     shared: _Chunk | None = None  # the shared prefix: rows int64[Hkv * P] of its slots, read once for every row
     workspace: dict[tuple[torch.dtype, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    # the fused single-chunk path's SDPA mask and whether some query sees no key (built by the first layer)
+    # the fused single-chunk path's SDPA mask and whether some query sees no key (built by the first layer; the
+    # cascade path keeps its additive mask here)
     sdpa_mask: tuple[torch.Tensor | None, bool] | None = None
 
 
@@ -340,8 +341,9 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
     torch.mul(qp.reshape(b, qmax, hkv, g, d).permute(0, 2, 3, 1, 4), scale, out=qh)
     qh = qh.view(b, hkv, g * qmax, d)
 
-    if len(plan.chunks) == 1 and plan.shared is None and not cap and not return_lse:
-        out = _one_chunk_sdpa(plan, qh, k, v, _real(v_scale, "v_scale"))  # [B * Qmax, Hq, D] fp32
+    if len(plan.chunks) == 1 and not cap and not return_lse and (plan.shared is None or qh.device.type == "cpu"):
+        one_chunk = _one_chunk_sdpa if plan.shared is None else _one_chunk_cascade
+        out = one_chunk(plan, qh, k, v, _real(v_scale, "v_scale"))  # [B * Qmax, Hq, D] fp32
         if plan.out_rows is not None:
             out = out.index_select(0, plan.out_rows)
         return out.to(q.dtype)
@@ -411,6 +413,42 @@ def _shared_level(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: tor
     acc = out0.view(hkv, b, gq, d).transpose(0, 1).contiguous()
     m = lse0.view(hkv, b, gq, 1).transpose(0, 1).contiguous()
     return m, torch.ones_like(m), acc
+
+
+def _one_chunk_cascade(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       v_scale: float) -> torch.Tensor:
+    """A CPU forward with a shared prefix and one chunk of the rows' own positions, without soft cap or LSE: the
+    shared level (``_shared_level``), the rows' own keys in one fused call that also returns the log-sum-exp (an
+    additive mask, built once per forward, hides what a query must not see), and a log-sum-exp merge of the two.
+    Every real query sees its own position, so the own level is never empty for it. Returns ``[B * Qmax, Hq, D]``."""
+    b, hkv, d, qmax = plan.batch, plan.num_kv_heads, plan.head_dim, plan.max_q
+    g = plan.num_qo_heads // hkv
+    c = plan.chunks[0]
+    lc = c.num_tokens
+    lse0, _, out0 = _shared_level(plan, qh, k, v, _rows_view(k), _rows_view(v))  # [B, Hkv, GQ, 1] and [.., D]
+    kc = _gather(k, _rows_view(k), c.rows, _workspace(plan, k.dtype, 0)).view(b, hkv, lc, d)
+    vc = _gather(v, _rows_view(v), c.rows, _workspace(plan, v.dtype, 1)).view(b, hkv, lc, d)
+    if c.past_end is not None:  # unwritten slots may hold NaN, and 0 * NaN is NaN
+        kc.masked_fill_(c.past_end, 0.0)
+        vc.masked_fill_(c.past_end, 0.0)
+    if plan.sdpa_mask is None:  # built by the first layer: additive mask [B, 1, G * Qmax, Lc] or None
+        seen = None
+        if c.past_end is not None:
+            seen = ~c.past_end.transpose(-1, -2)
+        if c.hidden is not None:
+            visible = ~c.hidden.expand(b, 1, g, qmax, lc).reshape(b, 1, g * qmax, lc)
+            seen = visible if seen is None else visible & seen
+        additive = None if seen is None else torch.zeros(seen.shape, device=qh.device).masked_fill_(~seen, -math.inf)
+        plan.sdpa_mask = (additive, False)
+    additive = plan.sdpa_mask[0]
+    out1, lse1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kc, vc, attn_mask=additive,
+                                                                            scale=1.0)
+    lse1 = lse1.unsqueeze(-1)  # [B, Hkv, GQ, 1]
+    lse = torch.logaddexp(lse0, lse1)
+    out = out0.mul_((lse0 - lse).exp_()).add_(out1.mul_((lse1 - lse).exp_()))
+    if v_scale != 1.0:
+        out = out * v_scale
+    return out.view(b, hkv, g, qmax, d).permute(0, 3, 1, 2, 4).reshape(b * qmax, plan.num_qo_heads, d)
 
 
 def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
