@@ -1,9 +1,11 @@
-"""Run the benchmark scripts: ``python -m benchmarks [all|quick|NAME ...] [--skip NAME ...]``.
+"""Run the benchmark scripts: ``python -m benchmarks [all|quick|NAME ...] [--skip NAME ...]`` (also
+``smile-llm bench ...``).
 
 Each script runs as its own subprocess (``quick`` passes ``--quick``, or shorter options to scripts without it);
 its stdout goes to ``benchmarks/results/<name>.txt`` and its final ``headline:`` line to one row of
 ``benchmarks/results/summary.md`` (``benchmarks/results/quick/`` for ``quick``, plots included, so a quick run
-never overwrites the recorded figures). One progress line per script. Names may omit ``.py``.
+never overwrites the recorded figures). On a terminal a progress bar shows the scripts done, the running one's
+elapsed time and its latest output line; otherwise one line per script. Names may omit ``.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,10 +46,8 @@ def main() -> int:
         if quick and name in OUT_ARG:
             extra = extra + ["--out", str(results)]
         cmd = [sys.executable, str(HERE / f"{name}.py"), *extra]
-        print(f"[{i}/{len(names)}] {name}.py {' '.join(extra)} ...", end=" ", flush=True)
-        t0 = time.perf_counter()
-        r = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
-        took = time.perf_counter() - t0
+        label = f"[{i}/{len(names)}] {name}.py {' '.join(a for a in extra if not a.startswith('/'))}".rstrip()
+        r, took = run_with_progress(cmd, env, label, done=i - 1, total=len(names))
         (results / f"{name}.txt").write_text(r.stdout + (f"\n--- stderr ---\n{r.stderr}" if r.returncode else ""))
         heads = [ln.removeprefix("headline:").strip() for ln in r.stdout.splitlines() if ln.startswith("headline:")]
         if r.returncode:
@@ -54,7 +55,8 @@ def main() -> int:
             headline = f"FAILED (exit {r.returncode}): {last[:160]}"
         else:
             headline = heads[-1] if heads else "(no headline line)"
-        print(f"{took:.0f} s" + ("" if r.returncode == 0 else f"  FAILED (see results/{name}.txt)"), flush=True)
+        print(f"{label} ... {took:.0f} s" + ("" if r.returncode == 0 else f"  FAILED (see results/{name}.txt)"),
+              flush=True)
         rows.append((name, " ".join(a for a in extra if a != "--out" and not a.startswith("/")) or "defaults", f"{took:.0f} s", headline))
     lines = [f"# Benchmark summary ({'quick' if quick else 'defaults'}, {time.strftime('%Y-%m-%d %H:%M')})", "",
              "| script | args | time | headline |", "|---|---|---|---|"]
@@ -63,6 +65,43 @@ def main() -> int:
     print(f"wrote {results / 'summary.md'}")
     print("\n".join(lines))
     return 1 if any(r[3].startswith("FAILED") for r in rows) else 0
+
+
+def run_with_progress(cmd: list[str], env: dict[str, str], label: str, done: int,
+                      total: int) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run ``cmd``, collecting its output; on a terminal, redraw one status line twice a second: a bar of the
+    scripts done, the running script's elapsed seconds and its latest output line (stdout or stderr)."""
+    live = sys.stdout.isatty()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    out: list[str] = []
+    err: list[str] = []
+    latest = [""]
+
+    def pump(stream, sink: list[str]) -> None:  # type: ignore[no-untyped-def]
+        for line in stream:
+            sink.append(line)
+            if line.strip():
+                latest[0] = line.strip()
+
+    readers = [threading.Thread(target=pump, args=(proc.stdout, out), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, err), daemon=True)]
+    for t in readers:
+        t.start()
+    while proc.poll() is None:
+        if live:
+            bar = "#" * done + "-" * (total - done)
+            status = f"[{bar}] {label} {time.perf_counter() - t0:4.0f} s | {latest[0]}"
+            width = os.get_terminal_size().columns if sys.stdout.isatty() else 120
+            sys.stdout.write("\r" + status[: width - 1].ljust(width - 1))
+            sys.stdout.flush()
+        time.sleep(0.5)
+    for t in readers:
+        t.join()
+    if live:
+        sys.stdout.write("\r" + " " * (os.get_terminal_size().columns - 1) + "\r")
+    took = time.perf_counter() - t0
+    return subprocess.CompletedProcess(cmd, proc.returncode, "".join(out), "".join(err)), took
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -73,6 +75,17 @@ def cmd_cache_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: list[str]) -> int:
+    """``python -m benchmarks ARGS`` in the source checkout this package was installed from (the benchmarks are
+    scripts beside the package, not part of it); exit code 2 with a hint when there is none."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "__main__.py").is_file():
+        print(f"smile-llm bench: no benchmarks/ beside the package in {root}; the benchmarks ship with the source "
+              f"checkout (pip install -e . from it)", file=sys.stderr)
+        return 2
+    return subprocess.call([sys.executable, "-m", "benchmarks", *args], cwd=root)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``smile-llm`` (and ``python -m smile_llm``): parse ``argv`` (default ``sys.argv[1:]``) and run the
     sub-command; ``serve-jvm`` hands its arguments to ``java_bridge.launch.run``. Returns the exit code; argparse exits
@@ -82,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         from java_bridge.launch import run
 
         return run(argv[1:])
+    if argv[:1] == ["bench"]:  # the benchmark runner parses its own arguments (benchmarks/__main__.py)
+        return cmd_bench(argv[1:])
     parser = argparse.ArgumentParser(prog="smile-llm", description="smile-llm: LLM serving core")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text (the embedded default model unless --model)")
@@ -104,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     cache.add_argument("--turns", type=int, default=6)
     cache.add_argument("--seed", type=int, default=7)
     cache.set_defaults(run=cmd_cache_demo)
+    sub.add_parser("bench", help="run the benchmark scripts of a source checkout: bench [all|quick|NAME ...] "
+                                 "[--skip NAME ...] (see python -m benchmarks -h)")
     sub.add_parser("serve-jvm", help="run a JVM application on the Python bridge: serve-jvm --classpath app.jar "
                                      "--main com.example.App [--model DIR] -- args (see python -m java_bridge -h)")
     args = parser.parse_args(argv)
