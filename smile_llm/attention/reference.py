@@ -71,9 +71,8 @@ class AttentionPlan:
     chunks: list[_Chunk]  # every row's own positions (after the shared prefix, if any)
     shared: _Chunk | None = None  # the shared prefix: rows int64[Hkv * P] of its slots, read once for every row
     workspace: dict[tuple[torch.dtype, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    # the fused single-chunk path's SDPA mask and whether some query sees no key (built by the first layer; the
-    # cascade path keeps its additive mask here)
-    sdpa_mask: tuple[torch.Tensor | None, bool] | None = None
+    # the one-chunk paths' additive mask and blind query rows (``_additive_mask``), built by the first layer
+    sdpa_mask: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
 
 
 @overload
@@ -431,16 +430,7 @@ def _one_chunk_cascade(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v
     if c.past_end is not None:  # unwritten slots may hold NaN, and 0 * NaN is NaN
         kc.masked_fill_(c.past_end, 0.0)
         vc.masked_fill_(c.past_end, 0.0)
-    if plan.sdpa_mask is None:  # built by the first layer: additive mask [B, 1, G * Qmax, Lc] or None
-        seen = None
-        if c.past_end is not None:
-            seen = ~c.past_end.transpose(-1, -2)
-        if c.hidden is not None:
-            visible = ~c.hidden.expand(b, 1, g, qmax, lc).reshape(b, 1, g * qmax, lc)
-            seen = visible if seen is None else visible & seen
-        additive = None if seen is None else torch.zeros(seen.shape, device=qh.device).masked_fill_(~seen, -math.inf)
-        plan.sdpa_mask = (additive, False)
-    additive = plan.sdpa_mask[0]
+    additive, _ = _additive_mask(plan, qh.device)
     out1, lse1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kc, vc, attn_mask=additive,
                                                                             scale=1.0)
     lse1 = lse1.unsqueeze(-1)  # [B, Hkv, GQ, 1]
@@ -449,6 +439,29 @@ def _one_chunk_cascade(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v
     if v_scale != 1.0:
         out = out * v_scale
     return out.view(b, hkv, g, qmax, d).permute(0, 3, 1, 2, 4).reshape(b * qmax, plan.num_qo_heads, d)
+
+
+def _additive_mask(plan: AttentionPlan, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The one-chunk paths' mask, built by the first layer and kept on the plan for the rest of the forward: an
+    additive fp32 mask ``[B, 1, G * Qmax or 1, Lc]`` (0 where a query may see a key, -inf where not; None when it
+    sees all) and the bool ``[B, 1, G * Qmax, 1]`` rows that see no key at all (None when there are none)."""
+    if plan.sdpa_mask is None:
+        b, hkv, qmax = plan.batch, plan.num_kv_heads, plan.max_q
+        g = plan.num_qo_heads // hkv
+        c = plan.chunks[0]
+        seen = None  # True where a key may be seen
+        if c.past_end is not None:
+            seen = ~c.past_end.transpose(-1, -2)
+        if c.hidden is not None:  # [B, 1, 1, Qmax, Lc] -> one row per (g, query), like qh
+            visible = ~c.hidden.expand(b, 1, g, qmax, c.num_tokens).reshape(b, 1, g * qmax, c.num_tokens)
+            seen = visible if seen is None else visible & seen
+        additive = blind = None
+        if seen is not None:
+            additive = torch.zeros(seen.shape, device=device).masked_fill_(~seen, -math.inf)
+            if not bool(seen.any(-1).all()):
+                blind = ~seen.any(-1, keepdim=True)
+        plan.sdpa_mask = (additive, blind)
+    return plan.sdpa_mask
 
 
 def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -466,21 +479,10 @@ def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: t
     if c.past_end is not None:
         kc.masked_fill_(c.past_end, 0.0)
         vc.masked_fill_(c.past_end, 0.0)
-    cached = plan.sdpa_mask  # built by the first layer, shared by the rest of the forward
-    if cached is None:
-        mask = None  # [B, 1, G * Qmax or 1, Lc]: True where a key may be seen
-        if c.past_end is not None:
-            mask = ~c.past_end.transpose(-1, -2)
-        if c.hidden is not None:  # [B, 1, 1, Qmax, Lc] -> one row per (g, query) like qh
-            seen = ~c.hidden.expand(b, 1, g, qmax, lc).reshape(b, 1, g * qmax, lc)
-            mask = seen if mask is None else seen & mask
-        # the mask, and whether some query sees no key at all (its SDPA row is NaN and must become 0)
-        cached = plan.sdpa_mask = (mask, mask is not None and not bool(mask.any(-1).all()))
-    mask, blind = cached
-    out = torch.nn.functional.scaled_dot_product_attention(qh, kc, vc, attn_mask=mask, scale=1.0)
-    if blind:
-        assert mask is not None
-        out = out.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # queries with no key at all
+    additive, blind = _additive_mask(plan, qh.device)
+    out = torch.nn.functional.scaled_dot_product_attention(qh, kc, vc, attn_mask=additive, scale=1.0)
+    if blind is not None:
+        out = out.masked_fill(blind, 0.0)  # queries that see no key at all (SDPA gives NaN there)
     if v_scale != 1.0:
         out = out * v_scale
     # head h = kv_head * G + g, as the GQA mapping requires

@@ -72,7 +72,7 @@ def fuse_rows(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     with torch.no_grad():
         weight = torch.cat([lin.weight for lin in linears])
         biases = [lin.bias for lin in linears]
-        bias = torch.cat(biases) if all(b is not None for b in biases) else None  # type: ignore[misc]
+        bias = torch.cat([b for b in biases if b is not None]) if all(b is not None for b in biases) else None
     row = 0
     for lin in linears:
         n = lin.out_features
