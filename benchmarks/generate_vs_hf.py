@@ -82,7 +82,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--prompt", type=int, default=100)
     p.add_argument("--new", type=int, default=100)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--default-prompt-bytes", type=int, default=100)
     p.add_argument("--default-new", type=int, default=200)
