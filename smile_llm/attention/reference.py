@@ -39,6 +39,7 @@ from smile_llm.cache.metadata import FlashInferKvMetadata
 LOG2E = 1.4426950408889634
 CHUNK_BYTES = 32 << 20  # per kv chunk: its fp32 K and V plus its scores (measured best on a 2-core CPU)
 CASCADE_MIN_TOKENS = 128  # a shared prefix shorter than this is attended per row (the split costs more than it saves)
+CPU_FLASH_LSE = True  # the cascade on the CPU uses torch's fused kernel that returns the LSE (off: plain matmuls)
 
 
 @dataclass(frozen=True)
@@ -340,7 +341,8 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
     torch.mul(qp.reshape(b, qmax, hkv, g, d).permute(0, 2, 3, 1, 4), scale, out=qh)
     qh = qh.view(b, hkv, g * qmax, d)
 
-    if len(plan.chunks) == 1 and not cap and not return_lse and (plan.shared is None or qh.device.type == "cpu"):
+    fused_lse = CPU_FLASH_LSE and qh.device.type == "cpu"
+    if len(plan.chunks) == 1 and not cap and not return_lse and (plan.shared is None or fused_lse):
         one_chunk = _one_chunk_sdpa if plan.shared is None else _one_chunk_cascade
         out = one_chunk(plan, qh, k, v, _real(v_scale, "v_scale"))  # [B * Qmax, Hq, D] fp32
         if plan.out_rows is not None:
@@ -403,7 +405,7 @@ def _shared_level(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: tor
     k0 = _gather(k, k_rows, shared.rows, _workspace(plan, k.dtype, 2, n)).view(1, hkv, p, d)
     v0 = _gather(v, v_rows, shared.rows, _workspace(plan, v.dtype, 3, n)).view(1, hkv, p, d)
     q0 = qh.transpose(0, 1).reshape(1, hkv, b * gq, d)  # all rows' queries, per KV head
-    if q0.device.type == "cpu":  # the fused kernel, which also returns the log-sum-exp
+    if CPU_FLASH_LSE and q0.device.type == "cpu":  # the fused kernel, which also returns the log-sum-exp
         out0, lse0 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q0, k0, v0, scale=1.0)
     else:
         s = torch.matmul(q0, k0.transpose(-1, -2))  # [1, Hkv, B * GQ, P]

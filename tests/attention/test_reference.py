@@ -170,10 +170,14 @@ def test_matches_dense_float64_oracle(c: dict) -> None:
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("q_lens", [None, [4, 4, 4, 4], [1, 3, 2, 5], "full"])
 @pytest.mark.parametrize("chunk_bytes", [reference.CHUNK_BYTES, 1])
-def test_shared_prefix_cascade_matches_the_oracle(page_size: int, q_lens: Any, chunk_bytes: int) -> None:
+@pytest.mark.parametrize("flash_lse", [True, False], ids=["cpu-kernel", "matmuls"])
+def test_shared_prefix_cascade_matches_the_oracle(page_size: int, q_lens: Any, chunk_bytes: int,
+                                                  flash_lse: bool, monkeypatch) -> None:
     """Rows listing the same first pages (a cached system prompt) take the cascade: the shared K/V read once, every
     row's queries attend to it together, the rows' own pages follow. Same result as the oracle; where a row's
-    queries start inside the shared pages, only the pages before them are shared."""
+    queries start inside the shared pages, only the pages before them are shared. ``matmuls`` is the path other
+    devices take (no fused kernel returning the LSE)."""
+    monkeypatch.setattr(reference, "CPU_FLASH_LSE", flash_lse)
     lengths = [150, 161, 149, 190]
     if q_lens == "full":  # prefill of every position: queries start at 0, so nothing can be shared
         q_lens = lengths
