@@ -50,6 +50,7 @@ class _Chunk:
     num_tokens: int  # Lc; positions past a row's pages read page 0's slots (masked)
     hidden: torch.Tensor | None  # bool[B, 1, 1, Qmax, Lc]: a query must not see this key; None if all visible
     past_end: torch.Tensor | None  # bool[B, 1, Lc, 1]: slot past the row's kv_len (its V is zeroed); None if none
+    zero_rows: torch.Tensor | None = None  # int64: those slots' rows in the gathered [B * Hkv * Lc, D] chunk
 
 
 @dataclass
@@ -206,21 +207,25 @@ def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_head
     pages_per_chunk = _pages_per_chunk(batch, ps, num_kv_heads, head_dim, num_qo_heads * max_q,
                                        max_pages - shared_pages)
     limit_t = torch.from_numpy(limit)
-    lens_t = torch.from_numpy(kv_lens)
     chunks = []
     longest = int(kv_lens.max(initial=0))
     for first in range(shared_pages, max_pages, pages_per_chunk):
         last = min(first + pages_per_chunk, max_pages)
         end = min(last * ps, longest)  # nobody reads past the longest row: uniform rows need no mask at all
         pos = torch.arange(first * ps, end)  # [Lc]
-        hidden = past_end = None
+        hidden = past_end = zero_rows = None
+        lc = end - first * ps
         if max_q and int(limit.min()) < end - 1:
             hidden = (pos > limit_t[:, :, None]).view(batch, 1, 1, max_q, -1).to(device)
         if batch and int(kv_lens.min()) < end:
-            past_end = (pos >= lens_t[:, None]).view(batch, 1, -1, 1).to(device)
-        slots = (table[:, first:last, None] * ps + np.arange(ps)).reshape(batch, 1, -1)[:, :, : end - first * ps]
+            past = pos.numpy() >= kv_lens[:, None]  # [B, Lc]
+            past_end = torch.from_numpy(past).view(batch, 1, -1, 1).to(device)
+            b_idx, l_idx = np.nonzero(past)  # rows (b, h, l) of the gathered chunk, for every head h
+            flat = (b_idx[:, None] * num_kv_heads + np.arange(num_kv_heads)) * lc + l_idx[:, None]
+            zero_rows = torch.from_numpy(flat.reshape(-1)).to(device)
+        slots = (table[:, first:last, None] * ps + np.arange(ps)).reshape(batch, 1, -1)[:, :, :lc]
         rows = (slots * num_kv_heads + np.arange(num_kv_heads)[:, None]).reshape(-1)  # [B * Hkv * Lc]
-        chunks.append(_Chunk(torch.from_numpy(rows).to(device), end - first * ps, hidden, past_end))
+        chunks.append(_Chunk(torch.from_numpy(rows).to(device), lc, hidden, past_end, zero_rows))
 
     q_rows = out_rows = None
     if total_q != batch * max_q:  # ragged windows: pad every row to Qmax queries
@@ -361,8 +366,7 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
         lc = c.num_tokens
         kc = _gather(k, k_rows, c.rows, k_buf).view(b, hkv, lc, d)  # fp32
         vc = _gather(v, v_rows, c.rows, v_buf).view(b, hkv, lc, d)
-        if c.past_end is not None:
-            vc.masked_fill_(c.past_end, 0.0)  # unwritten slots may hold NaN; p = 0 there must stay 0
+        _zero_past_end(vc, c)  # unwritten slots may hold NaN; p = 0 there must stay 0
         s = torch.matmul(qh, kc.transpose(-1, -2))  # [B, Hkv, G*Qmax, Lc]
         if cap:
             s.tanh_().mul_(cap)
@@ -429,9 +433,8 @@ def _one_chunk_cascade(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v
     lse0, _, out0 = _shared_level(plan, qh, k, v, _rows_view(k), _rows_view(v))  # [B, Hkv, GQ, 1] and [.., D]
     kc = _gather(k, _rows_view(k), c.rows, _workspace(plan, k.dtype, 0)).view(b, hkv, lc, d)
     vc = _gather(v, _rows_view(v), c.rows, _workspace(plan, v.dtype, 1)).view(b, hkv, lc, d)
-    if c.past_end is not None:  # unwritten slots may hold NaN, and 0 * NaN is NaN
-        kc.masked_fill_(c.past_end, 0.0)
-        vc.masked_fill_(c.past_end, 0.0)
+    _zero_past_end(kc, c)  # unwritten slots may hold NaN, and 0 * NaN is NaN
+    _zero_past_end(vc, c)
     additive, _ = _additive_mask(plan, qh.device)
     out1, lse1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kc, vc, attn_mask=additive,
                                                                             scale=1.0)
@@ -478,9 +481,8 @@ def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: t
     lc = c.num_tokens
     kc = _gather(k, _rows_view(k), c.rows, _workspace(plan, k.dtype, 0)).view(b, hkv, lc, d)
     vc = _gather(v, _rows_view(v), c.rows, _workspace(plan, v.dtype, 1)).view(b, hkv, lc, d)
-    if c.past_end is not None:
-        kc.masked_fill_(c.past_end, 0.0)
-        vc.masked_fill_(c.past_end, 0.0)
+    _zero_past_end(kc, c)
+    _zero_past_end(vc, c)
     additive, blind = _additive_mask(plan, qh.device)
     out = torch.nn.functional.scaled_dot_product_attention(qh, kc, vc, attn_mask=additive, scale=1.0)
     if blind is not None:
@@ -489,6 +491,13 @@ def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: t
         out = out * v_scale
     # head h = kv_head * G + g, as the GQA mapping requires
     return out.view(b, hkv, g, qmax, d).permute(0, 3, 1, 2, 4).reshape(b * qmax, plan.num_qo_heads, d)
+
+
+def _zero_past_end(gathered: torch.Tensor, c: _Chunk) -> None:
+    """Zero the slots past each row's end in a gathered chunk ``[B, Hkv, Lc, D]`` (contiguous): one ``index_fill_``
+    of the planned rows, not a masked fill over the whole chunk."""
+    if c.zero_rows is not None:
+        gathered.view(-1, gathered.shape[-1]).index_fill_(0, c.zero_rows, 0.0)
 
 
 def _rows_view(cache: torch.Tensor) -> torch.Tensor | None:
