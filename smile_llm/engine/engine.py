@@ -2,7 +2,8 @@
 
 Each step (under one lock): handle cancellations, admit queued requests (``Scheduler.admit``), prefill up to
 ``prefill_tokens_per_step`` prompt tokens of newly admitted requests (chunked, so long prompts do not stall the
-running ones), then advance every decoding request by one forward together: speculative rounds for rows that can
+running ones; prompts whose whole remainder fits, at most ``BATCHED_PREFILL_TOKENS``, are prefilled together in
+padded forwards: ``Decoder.prefill_batch``), then advance every decoding request by one forward together: speculative rounds for rows that can
 draft (rows at different positions in one verify batch), one ragged plain step for the rest
 (``Decoder.step``). Finished requests are inserted into the prefix tree (``finish_request``); cancelled ones are
 evicted at once (``unbind_request``). Greedy outputs equal what each request would produce alone.
@@ -21,7 +22,9 @@ from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from typing import Any
 
+from ..model.decoder import BATCHED_PREFILL_TOKENS
 from ..model.language_model import Completion, GenerationCancelled, LanguageModel
+from ..model.sequence import Sequence
 from .request import RequestHandle, SamplingParams
 from .scheduler import Job, Scheduler
 
@@ -158,20 +161,31 @@ class InferenceEngine:
         active = list(sched.running)
         try:
             budget = self.prefill_tokens_per_step
-            decoding = []
-            for job in active:
+            decoding, whole = [], []
+            for job in active:  # first come, first served within the step's prefill budget
                 seq = job.seq
                 assert seq is not None
                 if seq.prefilled < len(seq.prompt):
-                    if budget <= 0:
+                    left = len(seq.prompt) - seq.prefilled
+                    if budget <= 0 or seq.remaining == 0:
+                        continue
+                    if left <= min(budget, BATCHED_PREFILL_TOKENS):  # prefilled below, with the others like it
+                        whole.append(seq)
+                        budget -= left
                         continue
                     before = seq.prefilled
-                    if seq.remaining > 0 and decoder.prefill(seq, budget):
-                        seq.take_next()
-                        self.model.pool.cache_prefix(seq.request_id, seq.prompt)  # later binds can match it
+                    if decoder.prefill(seq, budget):
+                        self._prefilled(seq)
                     budget -= seq.prefilled - before
                 elif seq.remaining > 0:
                     decoding.append(seq)
+            for group in decoder.padded_prefill_groups(whole):  # short remainders: padded forwards together
+                if len(group) == 1:
+                    decoder.prefill(group[0])
+                else:
+                    decoder.prefill_batch(group)
+                for seq in group:
+                    self._prefilled(seq)
             if decoding:
                 decoder.step(decoding)
         except Exception as exc:  # a failed forward: its rows' KV may be partial, so evict them all
@@ -188,6 +202,11 @@ class InferenceEngine:
                 sched.release(job, insert=True)
                 job.handle._set_result(seq.completion())
         return True
+
+    def _prefilled(self, seq: Sequence) -> None:
+        """A whole prompt is written: take the first token and cache the prompt, so later binds can match it."""
+        seq.take_next()
+        self.model.pool.cache_prefix(seq.request_id, seq.prompt)
 
     # ------------------------------------------------------------------ the engine thread
     def start(self) -> None:

@@ -22,7 +22,7 @@ from ..attention.backend import AttentionBackend, select_backend
 from ..cache import KvCacheLayout, KvCachePool
 from ..cache.tokens import as_int_array
 from .config import MAX_SPECULATIVE_TOKENS, ModelConfig
-from .decoder import Decoder
+from .decoder import BATCHED_PREFILL_TOKENS, Decoder
 from .drafter import MtpDrafter
 from .listener import notify
 from .sequence import Sequence as SequenceState
@@ -32,7 +32,6 @@ from .weights import load_into, read_checkpoint
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default"
 PER_ROUND_ROWS = 256  # rows of the per-round draft pool: larger batches draft in several rounds
-BATCHED_PREFILL_TOKENS = 256  # a prompt left with at most this many unmatched positions waits to be prefilled with others
 
 
 class GenerationCancelled(RuntimeError):

@@ -294,3 +294,30 @@ def test_speculative_max_batch_decodes_large_steps_plainly(lm, solo, monkeypatch
             assert alive <= 2, steps
     assert ("plain", 4) in steps and any(kind == "spec" for kind, _ in steps)
     assert_no_leak(lm)
+
+
+def test_short_prompts_admitted_together_are_prefilled_in_one_forward(lm, solo, monkeypatch):
+    """Requests admitted in one step whose whole prompts fit the prefill budget are prefilled together
+    (``prefill_batch``, padding sealed off); a prompt longer than the budget is chunked as before. Outputs equal
+    each request's solo output."""
+    batches: list[int] = []
+    real = lm.decoder.prefill_batch
+
+    def spy(seqs):  # type: ignore[no-untyped-def]
+        batches.append(len(seqs))
+        real(seqs)
+        assert all(lm.pool.kv_len(s.request_id) == len(s.prompt) for s in seqs)
+
+    monkeypatch.setattr(lm.decoder, "prefill_batch", spy)
+    monkeypatch.setattr(lm.pool, "prefix_reuse_enabled", False)  # whole prompts (solo cached them)
+    picks = [0, 1, 4, 2]  # PROMPTS[2] (88 tokens) does not fit what the three before it leave of a 100-token budget
+    with InferenceEngine(lm, max_batch_size=4, prefill_tokens_per_step=100, start=False) as engine:
+        handles = [engine.submit(PROMPTS[i], SamplingParams(max_new_tokens=LENGTHS[i], speculative_tokens=0))
+                   for i in picks]
+        engine.step()
+        assert batches == [3]
+        assert [h.done() for h in handles] == [False] * 4
+        while not all(h.done() for h in handles):
+            engine.step()
+        assert [h.result().tokens for h in handles] == [solo[i] for i in picks]
+    assert_no_leak(lm)
