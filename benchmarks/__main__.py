@@ -2,8 +2,9 @@
 ``smile-llm bench ...``).
 
 Each script runs as its own subprocess (``quick`` passes ``--quick``, or shorter options to scripts without it);
-its stdout goes to ``benchmarks/results/<name>.txt`` and its final ``headline:`` line to one row of
-``benchmarks/results/summary.md`` (``benchmarks/results/quick/`` for ``quick``, plots included, so a quick run
+its stdout goes to ``benchmarks/results/<name>.txt`` and its final ``headline:`` line, dated, to its row of
+``benchmarks/results/summary.md`` (rows of scripts not run keep their earlier figures; ``benchmarks/results/quick/``
+for ``quick``, plots included, so a quick run
 never overwrites the recorded figures). On a terminal a progress bar shows the scripts done, the running one's
 elapsed time and its latest output line; otherwise one line per script. Names may omit ``.py``.
 """
@@ -58,13 +59,27 @@ def main() -> int:
         print(f"{label} ... {took:.0f} s" + ("" if r.returncode == 0 else f"  FAILED (see results/{name}.txt)"),
               flush=True)
         rows.append((name, " ".join(a for a in extra if a != "--out" and not a.startswith("/")) or "defaults", f"{took:.0f} s", headline))
-    lines = [f"# Benchmark summary ({'quick' if quick else 'defaults'}, {time.strftime('%Y-%m-%d %H:%M')})", "",
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    table = earlier_rows(results / "summary.md")  # scripts not run this time keep their recorded row
+    table.update({n: f"| `{n}.py` | {a} | {t} | {h.replace('|', '/')} ({stamp}) |" for n, a, t, h in rows})
+    lines = [f"# Benchmark summary ({'quick' if quick else 'defaults'}; each row dated)", "",
              "| script | args | time | headline |", "|---|---|---|---|"]
-    lines += [f"| `{n}.py` | {a} | {t} | {h.replace('|', '/')} |" for n, a, t, h in rows]
+    lines += [table[n] for n in SCRIPTS if n in table]
     (results / "summary.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {results / 'summary.md'}")
     print("\n".join(lines))
     return 1 if any(r[3].startswith("FAILED") for r in rows) else 0
+
+
+def earlier_rows(summary: Path) -> dict[str, str]:
+    """The table rows of an existing ``summary.md`` by script name (empty when there is none)."""
+    if not summary.is_file():
+        return {}
+    rows = {}
+    for line in summary.read_text().splitlines():
+        if line.startswith("| `") and ".py` |" in line:
+            rows[line[3 : line.index(".py`")]] = line
+    return rows
 
 
 def run_with_progress(cmd: list[str], env: dict[str, str], label: str, done: int,
