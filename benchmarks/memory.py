@@ -135,8 +135,8 @@ def main() -> None:
     print(f"  HF DynamicCache (float32, the model dtype): {per_token['float32']:,} B/token, per request, no sharing")
     ours_cold, ours_warm = b["cold_pages"] * ps, b["warm_pages"] * ps
     print(f"\nKV held by the {args.requests}-request batch at its peak (from the run):")
-    print(f"  ours, cold cache    {b['cold_pages']:5} pages = {ours_cold:6,} tokens (rows bound before any prefill:"
-          f" no sharing inside the first batch)")
+    print(f"  ours, cold cache    {b['cold_pages']:5} pages = {ours_cold:6,} tokens (the first prompt is prefilled "
+          f"and cached before the others bind, so they share its prefix pages)")
     print(f"  ours, prefix cached {b['warm_pages']:5} pages = {ours_warm:6,} tokens (prefix once + each row's own "
           f"pages)")
     print(f"  HF                  {b['hf_tokens']:,} tokens (sum of sequence lengths; {b['hf_padded_tokens']:,} "
