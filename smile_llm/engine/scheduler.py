@@ -4,12 +4,19 @@ Admission is first come, first served: the head of the queue is bound with ``bin
 for prompt plus ``max_new_tokens``); a KvCacheExhaustedError leaves it (and everything behind it) queued until
 running requests finish and free pages. A request that cannot fit even with nothing else running fails with that
 error instead of waiting forever. Not thread-safe: the engine calls it under its lock.
+
+In-batch prefix sharing (SGLang's in-batch prefix caching check): a request whose prompt shares at least
+SHARE_MIN_TOKENS uncached tokens with a running request that is still prefilling waits (with everything behind
+it) until that prompt is written and cached, then binds and matches it, instead of computing the same prefix again.
+So a burst of requests with one new system prompt computes it once.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..cache import KvCacheExhaustedError
 from ..model.language_model import LanguageModel
@@ -35,6 +42,16 @@ class Job:
     cancel_requested: bool = False
 
 
+SHARE_MIN_TOKENS = 32  # a shared uncached run this long is worth waiting one prefill for
+
+
+def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the longest common prefix of two int arrays."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
+
+
 class Scheduler:
     """First-come, first-served admission of queued jobs into the model's pool (``bind_request``), up to
     ``max_batch_size`` running jobs; a job that does not fit yet stays queued until pages free up. Not locked: the
@@ -53,6 +70,8 @@ class Scheduler:
         pool, drafter = self.model.pool, self.model.drafter
         while self.waiting and len(self.running) < self.max_batch_size:
             job = self.waiting[0]
+            if self.shares_a_prefill(job):
+                break  # bind it once that prompt is cached (FCFS: the jobs behind it wait too)
             capacity = len(job.prompt) + job.limit
             try:
                 rid = pool.bind_request(job.prompt, capacity)
@@ -76,6 +95,20 @@ class Scheduler:
             notify(job.listener, "on_input_tokens", len(job.prompt))
             notify(job.listener, "on_cached_input_tokens", min(seq.matched, len(job.prompt)))
         return failed
+
+    def shares_a_prefill(self, job: Job) -> bool:
+        """Whether ``job``'s prompt shares at least SHARE_MIN_TOKENS positions beyond its matched prefix with a
+        running job still prefilling (positions that job computes and will cache)."""
+        if not self.model.pool.prefix_reuse_enabled:
+            return False
+        prompt = np.asarray(job.prompt)
+        for other in self.running:
+            seq = other.seq
+            if seq is not None and seq.prefilled < len(seq.prompt):
+                shared = common_prefix_len(prompt, np.asarray(seq.prompt))
+                if shared >= seq.matched + SHARE_MIN_TOKENS:
+                    return True
+        return False
 
     def release(self, job: Job, insert: bool) -> None:
         """Take ``job`` out of the running set: finish it into the prefix tree (``insert``) or evict it."""

@@ -321,3 +321,24 @@ def test_short_prompts_admitted_together_are_prefilled_in_one_forward(lm, solo, 
             engine.step()
         assert [h.result().tokens for h in handles] == [solo[i] for i in picks]
     assert_no_leak(lm)
+
+
+def test_a_burst_sharing_a_new_prefix_computes_it_once(lm):
+    """Requests submitted together with one uncached system prompt: the first is admitted and prefilled alone (in
+    chunks), the others wait until its prompt is cached, then bind, match it and prefill only their own lines (in
+    one padded forward). Outputs equal plain generate()."""
+    header = "# burst test: a system prompt no other test uses\n" + "".join(f"V_{i} = {i * i}\n" for i in range(12))
+    prompts = [header + tail for tail in ("def a():\n", "def bb():\n    return 1\n", "class C:\n", "x = [\n")]
+    with InferenceEngine(lm, max_batch_size=4, prefill_tokens_per_step=96, start=False) as engine:
+        handles = [engine.submit(p, SamplingParams(max_new_tokens=12, speculative_tokens=0)) for p in prompts]
+        admitted = []
+        while not all(h.done() for h in handles):
+            engine.step()
+            admitted.append(len(engine.scheduler.running))
+        results = [h.result() for h in handles]
+    header_len = len(lm.encode(header))
+    assert admitted[:2] == [1, 1] and max(admitted) == 4, admitted  # ~150 header tokens take two steps
+    assert results[0].stats["cached_tokens"] == 0
+    assert all(r.stats["cached_tokens"] >= header_len - lm.pool.page_size for r in results[1:])
+    assert [r.tokens for r in results] == [lm.generate(p, 12, speculative_tokens=0).tokens for p in prompts]
+    assert_no_leak(lm)
