@@ -75,6 +75,7 @@ class AttentionPlan:
     workspace: dict[tuple[torch.dtype, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # the one-chunk paths' additive mask and blind query rows (``_additive_mask``), built by the first layer
     sdpa_mask: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
+    checked: tuple[Any, ...] | None = None  # the signature of the tensors a ReferenceBackend.run last checked
 
 
 @overload
@@ -148,12 +149,23 @@ class ReferenceBackend:
         plan = self._plan
         if plan is None:
             raise RuntimeError("ReferenceBackend.run called before plan(); plan once per forward, then run per layer")
-        q, k, v = _check_tensors(q, k_layer, v_layer, plan.page_size)
-        q_dtype, kv_dtype = self._dtypes
-        if q.dtype != q_dtype or k.dtype != kv_dtype:
-            raise ValueError(f"planned q_dtype={q_dtype}, kv_dtype={kv_dtype} but got q {q.dtype}, K/V {k.dtype}; "
-                             f"pass the real dtypes to plan()")
-        return run_attention(plan, q, k, v, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
+        # Every layer of a forward passes tensors of the same shapes, dtypes, strides and device: check the first
+        # call in full and later calls by that signature only (what the checks read, nothing else).
+        signature = (q.shape, q.dtype, q.device, k_layer.shape, k_layer.dtype, k_layer.stride(), k_layer.device,
+                     v_layer.shape, v_layer.dtype, v_layer.stride(), k_scale, v_scale)
+        if signature != plan.checked:
+            q, k, v = _check_tensors(q, k_layer, v_layer, plan.page_size)
+            q_dtype, kv_dtype = self._dtypes
+            if q.dtype != q_dtype or k.dtype != kv_dtype:
+                raise ValueError(f"planned q_dtype={q_dtype}, kv_dtype={kv_dtype} but got q {q.dtype}, K/V "
+                                 f"{k.dtype}; pass the real dtypes to plan()")
+            _check_run(plan, q, k, v, k_scale, v_scale)
+            plan.checked = signature
+        else:
+            k, v = k_layer, v_layer
+            if k.dim() == 3:
+                k, v = k.unflatten(0, (-1, plan.page_size)), v.unflatten(0, (-1, plan.page_size))
+        return _run_checked(plan, q, k, v, float(k_scale), float(v_scale), return_lse)
 
 
 # ---------------------------------------------------------------------------------------------------- planning
@@ -326,8 +338,16 @@ def _check_tensors(q: Any, k: Any, v: Any, page_size: int) -> tuple[torch.Tensor
 
 def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, k_scale: float = 1.0,
                   v_scale: float = 1.0, return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """One layer under ``plan``; ``k``/``v`` 4-D NHD pages (see ``_check_tensors``)."""
-    b, hq, hkv, d, qmax = plan.batch, plan.num_qo_heads, plan.num_kv_heads, plan.head_dim, plan.max_q
+    """One layer under ``plan``; ``k``/``v`` 4-D NHD pages (see ``_check_tensors``). ValueError when they do not
+    match the plan."""
+    _check_run(plan, q, k, v, k_scale, v_scale)
+    return _run_checked(plan, q, k, v, float(k_scale), float(v_scale), return_lse)
+
+
+def _check_run(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: Any,
+               v_scale: Any) -> None:
+    """ValueError unless ``q`` and the 4-D ``k``/``v`` fit ``plan`` and the scales are finite reals."""
+    hq, hkv, d = plan.num_qo_heads, plan.num_kv_heads, plan.head_dim
     if q.shape[0] != plan.total_q:
         raise ValueError(f"q has {q.shape[0]} query rows but the plan has {plan.total_q} (qo_indptr[-1], or B for "
                          f"decode: one query per row; pass qo_indptr otherwise)")
@@ -338,9 +358,17 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
         raise ValueError(f"meta lists page {plan.max_page}, outside the cache's {k.shape[0]} pages")
     if k.device != plan.device:
         raise ValueError(f"K/V on {k.device} but meta on {plan.device}; keep them on one device")
+    _real(k_scale, "k_scale")
+    _real(v_scale, "v_scale")
+
+
+def _run_checked(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: float,
+                 v_scale: float, return_lse: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``run_attention`` after ``_check_run`` passed for these shapes."""
+    b, hq, hkv, d, qmax = plan.batch, plan.num_qo_heads, plan.num_kv_heads, plan.head_dim, plan.max_q
     g = hq // hkv
     cap = plan.soft_cap
-    scale = plan.sm_scale * _real(k_scale, "k_scale") / (cap if cap else 1.0)
+    scale = plan.sm_scale * k_scale / (cap if cap else 1.0)
     qp = q if plan.q_rows is None else q.index_select(0, plan.q_rows)  # [B*Qmax, Hq, D]
     qh = torch.empty(b, hkv, g, qmax, d, device=plan.device)  # fp32, pre-scaled, queries grouped by KV head
     torch.mul(qp.reshape(b, qmax, hkv, g, d).permute(0, 2, 3, 1, 4), scale, out=qh)
@@ -349,7 +377,7 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
     fused_lse = CPU_FLASH_LSE and qh.device.type == "cpu"
     if len(plan.chunks) == 1 and not cap and not return_lse and (plan.shared is None or fused_lse):
         one_chunk = _one_chunk_sdpa if plan.shared is None else _one_chunk_cascade
-        out = one_chunk(plan, qh, k, v, _real(v_scale, "v_scale"))  # [B * Qmax, Hq, D] fp32
+        out = one_chunk(plan, qh, k, v, v_scale)  # [B * Qmax, Hq, D] fp32
         if plan.out_rows is not None:
             out = out.index_select(0, plan.out_rows)
         return out.to(q.dtype)
@@ -381,7 +409,7 @@ def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torc
         m = m_new
 
     blind = den == 0  # queries that saw no key: output 0, LSE -inf (NaN from NaN data still propagates)
-    out = torch.where(blind, 0.0, acc / den.masked_fill(blind, 1.0)) * _real(v_scale, "v_scale")
+    out = torch.where(blind, 0.0, acc / den.masked_fill(blind, 1.0)) * v_scale
     out = out.view(b, hkv, g, qmax, d).permute(0, 3, 1, 2, 4).reshape(b * qmax, hq, d)
     if plan.out_rows is not None:
         out = out.index_select(0, plan.out_rows)

@@ -541,3 +541,11 @@ def test_backend_run_before_plan_and_mismatches() -> None:
                  kv_dtype=torch.bfloat16)
     out = backend.run(c.q.bfloat16(), c.k.bfloat16(), c.v.bfloat16())
     assert out.dtype == torch.bfloat16
+    # later layers are checked by signature: anything that differs from the checked call is checked in full again
+    backend.plan(c.meta, num_qo_heads=4, num_kv_heads=2, head_dim=8)
+    first = backend.run(c.q, c.k, c.v)
+    with pytest.raises(ValueError, match="k_scale"):
+        backend.run(c.q, c.k, c.v, k_scale=float("nan"))
+    with pytest.raises(ValueError, match="outside the cache"):
+        backend.run(c.q, c.k[:1], c.v[:1])
+    assert torch.equal(backend.run(c.q, c.k, c.v), first)
