@@ -58,7 +58,8 @@ def main() -> int:
             headline = heads[-1] if heads else "(no headline line)"
         print(f"{label} ... {took:.0f} s" + ("" if r.returncode == 0 else f"  FAILED (see results/{name}.txt)"),
               flush=True)
-        rows.append((name, " ".join(a for a in extra if a != "--out" and not a.startswith("/")) or "defaults", f"{took:.0f} s", headline))
+        args_shown = " ".join(a for a in extra if a != "--out" and not a.startswith("/")) or "defaults"
+        rows.append((name, args_shown, f"{took:.0f} s", headline))
     stamp = time.strftime("%Y-%m-%d %H:%M")
     table = earlier_rows(results / "summary.md")  # scripts not run this time keep their recorded row
     table.update({n: f"| `{n}.py` | {a} | {t} | {h.replace('|', '/')} ({stamp}) |" for n, a, t, h in rows})

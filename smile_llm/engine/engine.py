@@ -3,10 +3,10 @@
 Each step (under one lock): handle cancellations, admit queued requests (``Scheduler.admit``), prefill up to
 ``prefill_tokens_per_step`` prompt tokens of newly admitted requests (chunked, so long prompts do not stall the
 running ones; prompts whose whole remainder fits, at most ``BATCHED_PREFILL_TOKENS``, are prefilled together in
-padded forwards: ``Decoder.prefill_batch``), then advance every decoding request by one forward together: speculative rounds for rows that can
-draft (rows at different positions in one verify batch), one ragged plain step for the rest
-(``Decoder.step``). Finished requests are inserted into the prefix tree (``finish_request``); cancelled ones are
-evicted at once (``unbind_request``). Greedy outputs equal what each request would produce alone.
+padded forwards: ``Decoder.prefill_together``), then advance every decoding request by one forward together:
+speculative rounds for rows that can draft (rows at different positions in one verify batch), one ragged plain step
+for the rest (``Decoder.step``). Finished requests are inserted into the prefix tree (``finish_request``); cancelled
+ones are evicted at once (``unbind_request``). Greedy outputs equal what each request would produce alone.
 
 Run it on its own thread (``start()``, the default) or drive it by hand with ``step()``. ``submit`` is safe from
 any thread; listeners are called on the engine's thread, without the engine's lock being needed by them.
@@ -179,13 +179,9 @@ class InferenceEngine:
                     budget -= seq.prefilled - before
                 elif seq.remaining > 0:
                     decoding.append(seq)
-            for group in decoder.padded_prefill_groups(whole):  # short remainders: padded forwards together
-                if len(group) == 1:
-                    decoder.prefill(group[0])
-                else:
-                    decoder.prefill_batch(group)
-                for seq in group:
-                    self._prefilled(seq)
+            decoder.prefill_together(whole)  # short remainders: padded forwards together
+            for seq in whole:
+                self._prefilled(seq)
             if decoding:
                 decoder.step(decoding)
         except Exception as exc:  # a failed forward: its rows' KV may be partial, so evict them all

@@ -25,8 +25,8 @@ from .speculative import AcceptResult, accept_greedy, accept_rejection
 from .transformer import ForwardOutput, Transformer
 
 PREFILL_CHUNK = 512  # prompt tokens per forward: bounds activation memory on long prompts
-PADDING_WASTE = 1.25  # a padded prefill batch computes at most this many positions per real prompt position,
 BATCHED_PREFILL_TOKENS = 256  # a prompt left with at most this many positions may be prefilled with others
+PADDING_WASTE = 1.25  # a padded prefill batch computes at most this many positions per real prompt position,
 PADDING_FREE = 64  # plus this many (short windows cost their per-forward overhead, not their positions)
 
 
@@ -132,6 +132,15 @@ class Decoder:
                 groups.append([seq])
                 real = rem
         return groups
+
+    def prefill_together(self, seqs: list[Sequence]) -> None:
+        """Prefill the whole remaining prompts of ``seqs`` in as few forwards as the padding rules allow
+        (``padded_prefill_groups``; a group of one is a plain ``prefill``). The callers then take each first token."""
+        for group in self.padded_prefill_groups(seqs):
+            if len(group) == 1:
+                self.prefill(group[0])
+            else:
+                self.prefill_batch(group)
 
     # ------------------------------------------------------------------ one step for a batch
     def step(self, seqs: list[Sequence]) -> None:

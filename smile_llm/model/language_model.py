@@ -271,14 +271,14 @@ class LanguageModel:
                        temperature: float = 0.0, top_p: float = 1.0, logprobs: bool = False, seed: int = 0,
                        stop: Any = None, speculative_tokens: int | None = None,
                        draft_sampling: str = "greedy") -> list[Completion]:
-        """Generate for several prompts as one ragged batch: each is bound with ``bind_request`` (prefix reuse
-        included), prefilled on its own and its prompt cached (``cache_prefix``) before the next is bound, so
-        prompts sharing a prefix compute it once. The first prompt of each group sharing a first page is computed
-        and cached at once; the others, when left with at most BATCHED_PREFILL_TOKENS unmatched positions (the user
-        turns after a shared system prompt, or short unrelated prompts), are prefilled together in padded forwards
-        (``Decoder.prefill_batch``) once all are bound. Then all rows step together (speculative rounds for rows that can
-        draft, plain steps for the rest), rows leaving the batch as they finish. Row i samples with seed
-        ``seed + i`` (when seed is nonzero). Greedy results equal ``generate`` on each prompt.
+        """Generate for several prompts as one ragged batch. Each is bound with ``bind_request`` (prefix reuse
+        included) in order. The first prompt of each group sharing a first page is prefilled and cached
+        (``cache_prefix``) at once, so the prompts bound after it match its prefix; every other prompt left with at
+        most BATCHED_PREFILL_TOKENS unmatched positions (the user turns after a shared system prompt, or short
+        unrelated prompts) is prefilled with the others like it in padded forwards (``Decoder.prefill_together``)
+        once all are bound. Then all rows step together (speculative rounds for rows that can draft, plain steps
+        for the rest), rows leaving the batch as they finish. Row i samples with seed ``seed + i`` (when seed is
+        nonzero). Greedy results equal ``generate`` on each prompt.
         KvCacheExhaustedError if the rows do not fit together."""
         self._check_not_serving()
         k = self.speculative_tokens_for(speculative_tokens)
@@ -318,14 +318,10 @@ class LanguageModel:
                     self.decoder.prefill(seq)
                     seq.take_next()
                     pool.cache_prefix(rid, ids)  # later prompts sharing a prefix (a system prompt) match it
-            for group in self.decoder.padded_prefill_groups(short):
-                if len(group) == 1:
-                    self.decoder.prefill(group[0])
-                else:
-                    self.decoder.prefill_batch(group)
-                for seq in group:
-                    seq.take_next()
-                    pool.cache_prefix(seq.request_id, seq.prompt)
+            self.decoder.prefill_together(short)
+            for seq in short:
+                seq.take_next()
+                pool.cache_prefix(seq.request_id, seq.prompt)
             alive = [s for s in seqs if s.remaining > 0]
             while alive:
                 self.decoder.step(alive)

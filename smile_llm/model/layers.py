@@ -22,7 +22,7 @@ class PreparedModule(nn.Module):
     tensors share the parameters' storage, so loading by name (``copy_``) needs no ``_prepare``."""
 
     def _prepare(self) -> None:
-        raise NotImplementedError
+        """Derive the tensors ``forward`` reads from the parameters (subclasses; nothing by default)."""
 
     def _apply(self, fn: Any, recurse: bool = True) -> PreparedModule:
         super()._apply(fn, recurse)
@@ -88,7 +88,8 @@ class Attention(PreparedModule):
     Qwen3), GQA, RoPE, K/V written through ``pool.put`` and attention through the backend over the step CSR.
 
     q, k and v come from one matmul: their weights are row views of one fused tensor (``fuse_rows``, redone after
-    any ``.to()``, see ``PreparedModule``). The q/k norms run as one normalisation over all heads, and RoPE once over q and k together."""
+    any ``.to()``, see ``PreparedModule``). The q/k norms run as one normalisation over all heads, and RoPE once
+    over q and k together."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
