@@ -40,6 +40,7 @@ LOG2E = 1.4426950408889634
 CHUNK_BYTES = 32 << 20  # per kv chunk: its fp32 K and V plus its scores (measured best on a 2-core CPU)
 CASCADE_MIN_TOKENS = 128  # a shared prefix shorter than this is attended per row (the split costs more than it saves)
 CPU_FLASH_LSE = True  # the cascade on the CPU uses torch's fused kernel that returns the LSE (off: plain matmuls)
+CAUSAL_SPLIT_MIN = 64  # a one-row causal window this long skips its masked half (see _one_row_causal)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class AttentionPlan:
     # the one-chunk paths' additive mask and blind query rows (``_additive_mask``), built by the first layer
     sdpa_mask: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
     checked: tuple[Any, ...] | None = None  # the signature of the tensors a ReferenceBackend.run last checked
+    causal_window: bool = False  # one row, causal, a long window: the keys split into a prefix and a diagonal
 
 
 @overload
@@ -260,8 +262,10 @@ def _plan_one_row(pages: np.ndarray, kv_len: int, q_len: int, ps: int, hq: int, 
         limit = torch.arange(kv_len - q_len, kv_len)
         hidden = (torch.arange(kv_len) > limit[:, None]).view(1, 1, 1, q_len, kv_len).to(device)
     chunk = _Chunk(torch.from_numpy(rows).to(device), kv_len, hidden, None)
-    return AttentionPlan(1, hq, hkv, d, ps, q_len, q_len, int(pages.max()), scale, cap or None, device, None, None,
+    plan = AttentionPlan(1, hq, hkv, d, ps, q_len, q_len, int(pages.max()), scale, cap or None, device, None, None,
                          [chunk])
+    plan.causal_window = causal and q_len >= CAUSAL_SPLIT_MIN
+    return plan
 
 
 def _shared_pages(table: np.ndarray, num_row_pages: np.ndarray, before_queries: np.ndarray, ps: int) -> int:
@@ -377,6 +381,8 @@ def _run_checked(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch
     fused_lse = CPU_FLASH_LSE and qh.device.type == "cpu"
     if len(plan.chunks) == 1 and not cap and not return_lse and (plan.shared is None or fused_lse):
         one_chunk = _one_chunk_sdpa if plan.shared is None else _one_chunk_cascade
+        if plan.causal_window and fused_lse:
+            one_chunk = _one_row_causal
         out = one_chunk(plan, qh, k, v, v_scale)  # [B * Qmax, Hq, D] fp32
         if plan.out_rows is not None:
             out = out.index_select(0, plan.out_rows)
@@ -495,6 +501,34 @@ def _additive_mask(plan: AttentionPlan, device: torch.device) -> tuple[torch.Ten
                 blind = ~seen.any(-1, keepdim=True)
         plan.sdpa_mask = (additive, blind)
     return plan.sdpa_mask
+
+
+def _one_row_causal(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    v_scale: float) -> torch.Tensor:
+    """One row's causal window of S queries over L keys (a prefill chunk, on the CPU) without computing its masked
+    half: the first L - S keys, which every query sees, in one unmasked fused call, and the last S keys as a square
+    causal block (``is_causal``, whose masked tiles the kernel skips), merged by their log-sum-exps. The same
+    result as the masked single call. Returns ``[S, Hq, D]``."""
+    hkv, d, s = plan.num_kv_heads, plan.head_dim, plan.max_q
+    g = plan.num_qo_heads // hkv
+    c = plan.chunks[0]
+    lc = c.num_tokens
+    kc = _gather(k, _rows_view(k), c.rows, _workspace(plan, k.dtype, 0)).view(1, hkv, lc, d)
+    vc = _gather(v, _rows_view(v), c.rows, _workspace(plan, v.dtype, 1)).view(1, hkv, lc, d)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    # the diagonal block: heads as Hkv * G (qh's memory order), its S keys repeated for each query head of a group
+    k1 = kc[:, :, None, lc - s :].expand(1, hkv, g, s, d).reshape(1, hkv * g, s, d)
+    v1 = vc[:, :, None, lc - s :].expand(1, hkv, g, s, d).reshape(1, hkv * g, s, d)
+    out1, lse1 = flash(qh.view(1, hkv * g, s, d), k1, v1, is_causal=True, scale=1.0)
+    out = out1.reshape(1, hkv, g * s, d)
+    if lc > s:  # the keys before the window
+        out0, lse0 = flash(qh, kc[:, :, : lc - s], vc[:, :, : lc - s], scale=1.0)
+        lse0, lse1 = lse0.unsqueeze(-1), lse1.reshape(1, hkv, g * s, 1)
+        lse = torch.logaddexp(lse0, lse1)
+        out = out0.mul_((lse0 - lse).exp_()).add_(out.mul_((lse1 - lse).exp_()))
+    if v_scale != 1.0:
+        out = out * v_scale
+    return out.view(1, hkv, g, s, d).permute(0, 3, 1, 2, 4).reshape(s, plan.num_qo_heads, d)
 
 
 def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -24,7 +24,7 @@ from .sequence import Sequence
 from .speculative import AcceptResult, accept_greedy, accept_rejection
 from .transformer import ForwardOutput, Transformer
 
-PREFILL_CHUNK = 512  # prompt tokens per forward: bounds activation memory on long prompts
+PREFILL_CHUNK = 1024  # prompt tokens per forward: bounds activation memory on long prompts
 BATCHED_PREFILL_TOKENS = 256  # a prompt left with at most this many positions may be prefilled with others
 PADDING_WASTE = 1.25  # a padded prefill batch computes at most this many positions per real prompt position,
 PADDING_FREE = 64  # plus this many (short windows cost their per-forward overhead, not their positions)

@@ -201,6 +201,21 @@ def test_shared_prefix_cascade_matches_the_oracle(page_size: int, q_lens: Any, c
     assert_close(plain, want_out, 1e-5)
 
 
+@pytest.mark.parametrize("kv_len, q_len", [(64, 64), (200, 200), (200, 64), (333, 100), (100, 63)])
+@pytest.mark.parametrize("group", [1, 4])
+def test_one_row_causal_window_skips_its_masked_half(kv_len: int, q_len: int, group: int) -> None:
+    """A one-row prefill chunk of at least CAUSAL_SPLIT_MIN queries runs as an unmasked prefix plus a square causal
+    block merged by LSE (the masked half skipped); same result as the oracle. Shorter windows keep one masked call."""
+    case = make_case(np.random.default_rng(kv_len + q_len), [kv_len], [q_len], 16, 2, group, 16)
+    qo = torch.tensor(case.qo_indptr, dtype=torch.int32)
+    plan = reference.plan_attention(case.meta, num_qo_heads=2 * group, num_kv_heads=2, head_dim=16, qo_indptr=qo)
+    assert plan.causal_window == (q_len >= reference.CAUSAL_SPLIT_MIN)
+    want, _ = oracle(case.q, case.k, case.v, case.meta, case.qo_indptr, v_scale=0.5)
+    assert_close(paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo, v_scale=0.5), want, 1e-5)
+    noncausal, _ = oracle(case.q, case.k, case.v, case.meta, case.qo_indptr, causal=False)
+    assert_close(paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo, causal=False), noncausal, 1e-5)
+
+
 def test_no_cascade_for_one_row_short_prefixes_or_a_soft_cap() -> None:
     case = make_case(np.random.default_rng(5), [300, 310], None, 16, 2, 2, 16, shared_pages=18)
     plan = reference.plan_attention(case.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16)
