@@ -460,24 +460,12 @@ def _one_chunk_cascade(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v
     shared level (``_shared_level``), the rows' own keys in one fused call that also returns the log-sum-exp (an
     additive mask, built once per forward, hides what a query must not see), and a log-sum-exp merge of the two.
     Every real query sees its own position, so the own level is never empty for it. Returns ``[B * Qmax, Hq, D]``."""
-    b, hkv, d, qmax = plan.batch, plan.num_kv_heads, plan.head_dim, plan.max_q
-    g = plan.num_qo_heads // hkv
-    c = plan.chunks[0]
-    lc = c.num_tokens
     lse0, _, out0 = _shared_level(plan, qh, k, v, _rows_view(k), _rows_view(v))  # [B, Hkv, GQ, 1] and [.., D]
-    kc = _gather(k, _rows_view(k), c.rows, _workspace(plan, k.dtype, 0)).view(b, hkv, lc, d)
-    vc = _gather(v, _rows_view(v), c.rows, _workspace(plan, v.dtype, 1)).view(b, hkv, lc, d)
-    _zero_past_end(kc, c)  # unwritten slots may hold NaN, and 0 * NaN is NaN
-    _zero_past_end(vc, c)
+    kc, vc = _gather_chunk(plan, k, v)
     additive, _ = _additive_mask(plan, qh.device)
     out1, lse1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kc, vc, attn_mask=additive,
                                                                             scale=1.0)
-    lse1 = lse1.unsqueeze(-1)  # [B, Hkv, GQ, 1]
-    lse = torch.logaddexp(lse0, lse1)
-    out = out0.mul_((lse0 - lse).exp_()).add_(out1.mul_((lse1 - lse).exp_()))
-    if v_scale != 1.0:
-        out = out * v_scale
-    return out.view(b, hkv, g, qmax, d).permute(0, 3, 1, 2, 4).reshape(b * qmax, plan.num_qo_heads, d)
+    return _query_rows(plan, _merge_by_lse(out0, lse0, out1, lse1.unsqueeze(-1)), v_scale)
 
 
 def _additive_mask(plan: AttentionPlan, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -511,10 +499,8 @@ def _one_row_causal(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: t
     result as the masked single call. Returns ``[S, Hq, D]``."""
     hkv, d, s = plan.num_kv_heads, plan.head_dim, plan.max_q
     g = plan.num_qo_heads // hkv
-    c = plan.chunks[0]
-    lc = c.num_tokens
-    kc = _gather(k, _rows_view(k), c.rows, _workspace(plan, k.dtype, 0)).view(1, hkv, lc, d)
-    vc = _gather(v, _rows_view(v), c.rows, _workspace(plan, v.dtype, 1)).view(1, hkv, lc, d)
+    lc = plan.chunks[0].num_tokens
+    kc, vc = _gather_chunk(plan, k, v)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     # the diagonal block: heads as Hkv * G (qh's memory order), its S keys repeated for each query head of a group
     k1 = kc[:, :, None, lc - s :].expand(1, hkv, g, s, d).reshape(1, hkv * g, s, d)
@@ -523,12 +509,8 @@ def _one_row_causal(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: t
     out = out1.reshape(1, hkv, g * s, d)
     if lc > s:  # the keys before the window
         out0, lse0 = flash(qh, kc[:, :, : lc - s], vc[:, :, : lc - s], scale=1.0)
-        lse0, lse1 = lse0.unsqueeze(-1), lse1.reshape(1, hkv, g * s, 1)
-        lse = torch.logaddexp(lse0, lse1)
-        out = out0.mul_((lse0 - lse).exp_()).add_(out.mul_((lse1 - lse).exp_()))
-    if v_scale != 1.0:
-        out = out * v_scale
-    return out.view(1, hkv, g, s, d).permute(0, 3, 1, 2, 4).reshape(s, plan.num_qo_heads, d)
+        out = _merge_by_lse(out0, lse0.unsqueeze(-1), out, lse1.reshape(1, hkv, g * s, 1))
+    return _query_rows(plan, out, v_scale)
 
 
 def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -537,21 +519,41 @@ def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: t
     one fused SDPA instead of the online softmax. ``qh`` is ``[B, Hkv, G * Qmax, D]`` fp32, already scaled.
     Slots past a row's end are zeroed in K and V (NaN-safe) and masked with the causal limits; a query with no key
     gives 0, like the general path. Returns ``[B * Qmax, Hq, D]``."""
-    b, hkv, d, qmax = plan.batch, plan.num_kv_heads, plan.head_dim, plan.max_q
-    g = plan.num_qo_heads // hkv
-    c = plan.chunks[0]
-    lc = c.num_tokens
-    kc = _gather(k, _rows_view(k), c.rows, _workspace(plan, k.dtype, 0)).view(b, hkv, lc, d)
-    vc = _gather(v, _rows_view(v), c.rows, _workspace(plan, v.dtype, 1)).view(b, hkv, lc, d)
-    _zero_past_end(kc, c)
-    _zero_past_end(vc, c)
+    kc, vc = _gather_chunk(plan, k, v)
     additive, blind = _additive_mask(plan, qh.device)
     out = torch.nn.functional.scaled_dot_product_attention(qh, kc, vc, attn_mask=additive, scale=1.0)
     if blind is not None:
         out = out.masked_fill(blind, 0.0)  # queries that see no key at all (SDPA gives NaN there)
+    return _query_rows(plan, out, v_scale)
+
+
+def _gather_chunk(plan: AttentionPlan, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of the plan's one chunk as fp32 ``[B, Hkv, Lc, D]`` in the workspace, slots past each row's end
+    zeroed (they may hold NaN, and 0 * NaN is NaN)."""
+    c = plan.chunks[0]
+    shape = (plan.batch, plan.num_kv_heads, c.num_tokens, plan.head_dim)
+    kc = _gather(k, _rows_view(k), c.rows, _workspace(plan, k.dtype, 0)).view(shape)
+    vc = _gather(v, _rows_view(v), c.rows, _workspace(plan, v.dtype, 1)).view(shape)
+    _zero_past_end(kc, c)
+    _zero_past_end(vc, c)
+    return kc, vc
+
+
+def _merge_by_lse(out0: torch.Tensor, lse0: torch.Tensor, out1: torch.Tensor, lse1: torch.Tensor) -> torch.Tensor:
+    """Attention over two disjoint key sets from each one's normalised output and log-sum-exp (``[..., 1]``):
+    ``out0 * exp(lse0 - lse) + out1 * exp(lse1 - lse)`` with ``lse = logaddexp(lse0, lse1)``; writes into the
+    outputs."""
+    lse = torch.logaddexp(lse0, lse1)
+    return out0.mul_((lse0 - lse).exp_()).add_(out1.mul_((lse1 - lse).exp_()))
+
+
+def _query_rows(plan: AttentionPlan, out: torch.Tensor, v_scale: float) -> torch.Tensor:
+    """``out`` ``[B, Hkv, G * Qmax, D]`` times ``v_scale`` as ``[B * Qmax, Hq, D]``: head h = kv_head * G + g, as the
+    GQA mapping requires."""
     if v_scale != 1.0:
         out = out * v_scale
-    # head h = kv_head * G + g, as the GQA mapping requires
+    b, hkv, d, qmax = plan.batch, plan.num_kv_heads, plan.head_dim, plan.max_q
+    g = plan.num_qo_heads // hkv
     return out.view(b, hkv, g, qmax, d).permute(0, 3, 1, 2, 4).reshape(b * qmax, plan.num_qo_heads, d)
 
 
