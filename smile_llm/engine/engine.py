@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from typing import Any
 
-from ..model.decoder import BATCHED_PREFILL_TOKENS
+from ..model.decoder import BATCHED_PREFILL_TOKENS, PREFILL_CHUNK
 from ..model.language_model import Completion, GenerationCancelled, LanguageModel
 from ..model.sequence import Sequence
 from .request import RequestHandle, SamplingParams
@@ -36,11 +36,12 @@ class EngineShutdownError(RuntimeError):
 class InferenceEngine:
     """Continuous batching over one ``LanguageModel``: ``submit`` (any thread) queues a request and returns a
     ``RequestHandle``; the serving thread (started unless ``start=False``) admits requests first come, first served with
-    ``bind_request``, prefills them in chunks of ``prefill_tokens_per_step`` tokens and advances every running request
-    each step (speculative rounds where the model drafts). A context manager; ``shutdown`` ends it. ValueError for a bad
-    ``max_batch_size`` or ``prefill_tokens_per_step``; RuntimeError if another engine already serves the model."""
+    ``bind_request``, prefills them in chunks of ``prefill_tokens_per_step`` tokens (default: one ``generate`` prefill
+    chunk, ``PREFILL_CHUNK``) and advances every running request each step (speculative rounds where the model
+    drafts). A context manager; ``shutdown`` ends it. ValueError for a bad ``max_batch_size`` or
+    ``prefill_tokens_per_step``; RuntimeError if another engine already serves the model."""
 
-    def __init__(self, model: LanguageModel, max_batch_size: int = 8, *, prefill_tokens_per_step: int = 512,
+    def __init__(self, model: LanguageModel, max_batch_size: int = 8, *, prefill_tokens_per_step: int = PREFILL_CHUNK,
                  start: bool = True) -> None:
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
