@@ -378,11 +378,14 @@ def _run_checked(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch
     torch.mul(qp.reshape(b, qmax, hkv, g, d).permute(0, 2, 3, 1, 4), scale, out=qh)
     qh = qh.view(b, hkv, g * qmax, d)
 
-    fused_lse = CPU_FLASH_LSE and qh.device.type == "cpu"
-    if len(plan.chunks) == 1 and not cap and not return_lse and (plan.shared is None or fused_lse):
-        one_chunk = _one_chunk_sdpa if plan.shared is None else _one_chunk_cascade
-        if plan.causal_window and fused_lse:
-            one_chunk = _one_row_causal
+    one_chunk = None  # a fused path for a forward whose own keys fit one chunk, without soft cap or LSE
+    if len(plan.chunks) == 1 and not cap and not return_lse:
+        fused_lse = CPU_FLASH_LSE and qh.device.type == "cpu"  # torch's CPU kernel that returns the LSE
+        if plan.shared is not None:
+            one_chunk = _one_chunk_cascade if fused_lse else None  # else: the online softmax below
+        else:
+            one_chunk = _one_row_causal if plan.causal_window and fused_lse else _one_chunk_sdpa
+    if one_chunk is not None:
         out = one_chunk(plan, qh, k, v, v_scale)  # [B * Qmax, Hq, D] fp32
         if plan.out_rows is not None:
             out = out.index_select(0, plan.out_rows)

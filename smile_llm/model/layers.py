@@ -77,8 +77,8 @@ def fuse_rows(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     for lin in linears:
         n = lin.out_features
         lin.weight = nn.Parameter(weight[row : row + n], requires_grad=lin.weight.requires_grad)
-        if bias is not None:
-            lin.bias = nn.Parameter(bias[row : row + n], requires_grad=lin.weight.requires_grad)
+        if bias is not None and lin.bias is not None:
+            lin.bias = nn.Parameter(bias[row : row + n], requires_grad=lin.bias.requires_grad)
         row += n
     return weight, bias
 

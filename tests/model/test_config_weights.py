@@ -329,6 +329,11 @@ def test_fused_projections_alias_the_named_parameters(bias):
     assert (attn.qkv_bias is not None) == bias
     names = dict(model.named_parameters())
     assert "model.layers.1.self_attn.k_proj.weight" in names and "model.layers.1.mlp.up_proj.weight" in names
+    if bias:  # fusing again keeps each parameter's own requires_grad
+        attn.v_proj.bias.requires_grad_(False)
+        again = model.to(torch.float64).model.layers[1].self_attn
+        assert not again.v_proj.bias.requires_grad and again.v_proj.weight.requires_grad
+        model.to(torch.float32)
     for m in (model, model.to(torch.bfloat16), model.to(torch.float64)):
         attn, mlp = m.model.layers[1].self_attn, m.model.layers[1].mlp
         assert attn.qkv_weight.dtype == attn.k_proj.weight.dtype == mlp.gate_up_weight.dtype
