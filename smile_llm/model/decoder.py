@@ -31,7 +31,7 @@ PADDING_FREE = 64  # plus this many (short windows cost their per-forward overhe
 
 
 class Decoder:
-    """``decode_graphs`` / ``verify_graphs`` (CUDA only, see ``smile_llm.engine.graphs``) replay captured forwards
+    """``decode_graphs`` / ``verify_graphs`` (CUDA only, see ``smile_llm.model.graphs``) replay captured forwards
     for eligible batches; everything else runs eagerly."""
 
     def __init__(self, transformer: Transformer, pool: KvCachePool, backend: AttentionBackend,

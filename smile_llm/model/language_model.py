@@ -82,7 +82,7 @@ class LanguageModel:
                 raise ValueError(f'draft_kv must be "history" or "per_round", got {draft_kv!r}')
         self.decoder = Decoder(transformer, pool, backend, self.drafter)
         if cuda_graphs and pool.device.type == "cuda":
-            from ..engine.graphs import DecodeGraphRunner, VerifyGraphRunner, cuda_graphs_supported
+            from .graphs import DecodeGraphRunner, VerifyGraphRunner, cuda_graphs_supported
 
             if cuda_graphs_supported(pool):
                 self.decoder.decode_graphs = DecodeGraphRunner(transformer, pool)

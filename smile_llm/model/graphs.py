@@ -29,8 +29,8 @@ import torch
 
 from ..attention.flashinfer import FlashInferBackend, flashinfer_available
 from ..cache import KvCachePool
-from ..model.context import ForwardContext
-from ..model.transformer import ForwardOutput, Transformer
+from .context import ForwardContext
+from .transformer import ForwardOutput, Transformer
 
 WARMUP_STEPS = 2
 PREFETCH_LEAD_STEPS = WARMUP_STEPS + 1  # start capturing the next page bucket this many steps before it
