@@ -184,6 +184,13 @@ class Binder:
         list."""
         self.pages.release(pages)
 
+    def grow(self, b: Binding, num_pages: int) -> None:
+        """Append ``num_pages`` private pages to ``b``'s page table (evicting unlocked tree pages as needed, like any
+        bind); its capacity grows by as many pages. The pool has checked that they fit."""
+        pages = self.take(num_pages, PageOwner.PRIVATE, b.request_id)
+        b.page_ids = np.concatenate([b.page_ids, pages])
+        b.capacity += num_pages * self.page_size
+
     def offload(self, b: Binding) -> OffloadedKv:
         """Copy every private page of ``b`` (all layers, K and V, raw bytes) to host memory, free them, and mark
         ``b`` offloaded: its page table keeps only the tree-owned prefix pages."""

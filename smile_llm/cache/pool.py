@@ -22,10 +22,11 @@ from .. import env
 from . import audit, factories
 from .binder import Binder
 from .bindings import Binding, BindingTable
-from .graph_buffers import DecodeGraphBuffers, PrefetchState, VerifyGraphBuffers
+from .graph_buffers import DecodeGraphBuffers, GraphCsr, GraphStepCsr, PrefetchState, VerifyGraphBuffers
 from .metadata import FlashInferKvMetadata, build_csr
-from .checks import as_int
+from .checks import as_device, as_int
 from .errors import KvCacheExhaustedError, NoActiveStepError, PoolClosedError, RequestOffloadedError
+from .kv_step import KvStep
 from .kv_store import FILL_MODES, FP8_DTYPES, KvStore
 from .layout import ceil_page, floor_page
 from .offload import OffloadedKv
@@ -97,7 +98,7 @@ class KvCachePool:
         _check_scales(dtype, k_scale, v_scale)
         self._num_layers, self._num_slots = int(num_layers), int(num_slots)
         self._num_kv_heads, self._head_dim, self._page_size = int(num_kv_heads), int(head_dim), int(page_size)
-        self._device = torch.device(device)
+        self._device = as_device(device)
         self._zero_rejected_kv = env.zero_rejected_kv() if zero_rejected_kv is None else bool(zero_rejected_kv)
         self._kv = KvStore(self._num_layers, self._num_slots, self._num_kv_heads, self._head_dim, self._page_size,
                            self._device, dtype, k_scale, v_scale)
@@ -110,6 +111,7 @@ class KvCachePool:
         self._binder = Binder(self._pages, self._radix, self._table, self._kv, fresh_page_fill)
         self._decode = DecodeGraphBuffers(self._device)
         self._verify = VerifyGraphBuffers(self._page_size, self._device)
+        self._graph_csr = GraphCsr(self._page_size, self._num_slots // self._page_size, self._device)
         self._prefetch = PrefetchState()
 
     # ------------------------------------------------------------------ factories (API.md section 1 and 3)
@@ -407,24 +409,70 @@ class KvCachePool:
         """Write positions ``[start, start + S)`` of every active row from ``k``/``v`` ``[B, S, Hkv, D]``
         (cast to the pool dtype; FP8 stores ``x / scale``); ``start_pos`` is an int or one per row. A put at
         ``start <= kv_len`` raises ``kv_len`` to ``start + S``. Raises KvCacheExhaustedError past a row's capacity and
-        ValueError below its matched prefix or for a wrong shape, dtype family or device; nothing is written then.
-        ``slot_idx`` is an optional precomputed ``int64[B*S]`` equal to ``window_slot_indices(start_pos, S)``.
+        ValueError below its matched prefix, for a wrong shape, dtype family or device, or for ``k``/``v`` sharing
+        memory with the pool's buffers; nothing is written then. ``slot_idx`` is an optional precomputed
+        ``int64[B*S]`` equal to ``window_slot_indices(start_pos, S)`` (ValueError otherwise).
 
         With ``decode_graph_buffers`` on and S == 1, or with ``verify_graph_buffers`` on, the write goes through the
         prepared fixed index buffer: RuntimeError if none is prepared for this step and shape, ValueError if
-        ``start_pos`` differs from the prepared positions."""
+        ``start_pos`` differs from the prepared positions. A put is ``kv_step`` + one layer's write + commit."""
         step = self._require_step()
         layer = self._check_layer(layer)
-        advance = True
-        prepared = None
-        seqlen = k.shape[1] if isinstance(k, torch.Tensor) and k.dim() == 4 else None  # else write() raises
-        if seqlen is not None and (self._decode.enabled or self._verify.enabled):
-            if self._decode.enabled and seqlen == 1:
-                prepared = self._decode.index_for(step, step.start_of(start_pos))
-                advance = not self._decode.scratch  # capture writes to scratch slots are not the rows' KV
-            elif self._verify.enabled:
-                prepared = self._verify.index_for(step, step.start_of(start_pos), seqlen)
-        step.write(self._kv, self._table.kv_len, layer, start_pos, k, v, slot_idx, advance, prepared)
+        seqlen = step.check_kv(self._kv, k, v)
+        index = slot_idx
+        if self._decode.enabled and seqlen == 1:
+            index = self._decode.index_for(step, step.start_of(start_pos))
+        elif self._verify.enabled:
+            index = self._verify.index_for(step, step.start_of(start_pos), seqlen)
+        kv = self._open_kv_step(step, start_pos, seqlen, index, "put", "slot_idx")
+        kv.write(layer, k, v)
+        self._record(kv)
+
+    @_locked
+    def kv_step(self, start_pos: Any, seqlen: int, index: torch.Tensor | None = None) -> KvStep:
+        """The KV write handle of one forward over the active rows: positions ``[start, start + seqlen)`` of each
+        row (``start_pos`` an int or one per row), validated once here. Every layer writes through
+        ``KvStep.write`` (no lock, no checks) and the forward calls ``KvStep.commit`` once it has succeeded, which
+        records the write in ``kv_len`` as ``put`` does; a forward that raises never commits.
+
+        ``index``: None (the pool computes the window's slot index), the fixed buffer of ``decode_graph_index`` /
+        ``verify_graph_index`` prepared for exactly these positions (CUDA-graph runners; a decode prefetch's scratch
+        index records nothing at commit), or a caller's ``int64[B*seqlen]`` equal to
+        ``window_slot_indices(start_pos, seqlen)``. Raises NoActiveStepError without a step,
+        KvCacheExhaustedError past a row's capacity, ValueError below a matched prefix or for a bad ``index``,
+        RuntimeError for a graph buffer not prepared for this step; nothing changes then."""
+        step = self._require_step()
+        seqlen = as_int(seqlen, "seqlen")
+        return self._open_kv_step(step, start_pos, seqlen, index, "kv_step", "index")
+
+    def _open_kv_step(self, step: ActiveStep, start_pos: Any, seqlen: int, index: torch.Tensor | None, what: str,
+                      name: str) -> KvStep:
+        """A validated KvStep of the window; ``index`` as ``kv_step`` takes it (``name`` names it in errors)."""
+        window = step.write_window(start_pos, seqlen, what)
+        records = True
+        if index is None:
+            idx = step.index(window, seqlen)
+        elif seqlen == 1 and index is self._decode.index:
+            idx = self._decode.index_for(step, step.start_of(window))
+            records = not self._decode.scratch  # a prefetch capture's writes go to scratch: not the rows' KV
+        elif index is self._verify.index:
+            idx = self._verify.index_for(step, step.start_of(window), seqlen)
+        else:
+            idx = step.check_index(index, window, seqlen, name)
+        return KvStep(self._kv, step, window, seqlen, idx, records, self._commit_kv_step)
+
+    def _record(self, kv: KvStep) -> None:
+        if kv.records:
+            kv.active.advance_kv_len(self._table.kv_len, kv.window, kv.seqlen)
+
+    def _commit_kv_step(self, kv: KvStep) -> None:
+        with self._lock:
+            if self._closed:
+                raise PoolClosedError("KvStep.commit: the pool is closed; create a new pool")
+            if self._step is not kv.active:
+                raise RuntimeError("KvStep.commit: the active step changed since kv_step (a request was activated, "
+                                   "unbound or offloaded during the forward); nothing was recorded")
+            self._record(kv)
 
     @_locked
     def get(self, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -436,7 +484,9 @@ class KvCachePool:
     @_locked
     def get_padded(self, layer: int, length: int, idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Like ``get`` for rows of different capacity: ``length`` up to the largest; positions past a row's
-        capacity repeat its last slot (mask them). ``idx`` is an optional precomputed ``int64[B*length]``."""
+        capacity repeat its last slot (mask them). ``idx`` is an optional precomputed ``int64[B*length]`` on the
+        pool's device equal to those slots (``window_slot_indices(0, length)`` while every row's capacity covers
+        ``length``); ValueError otherwise, before anything is read."""
         return self._require_step().read(self._kv, self._check_layer(layer), length, padded=True, idx=idx)
 
     @_locked
@@ -560,30 +610,54 @@ class KvCachePool:
 
     decode_graph_buffers = _state(lambda self: self._decode.enabled,
                                   lambda self, on: setattr(self._decode, "enabled", bool(on)),
-                                  doc="put with S == 1 writes through the prepared decode index buffer.")
+                                  doc="put with S == 1 writes through the prepared decode index buffer (a put-level "
+                                      "switch; a forward passes decode_graph_index to kv_step instead).")
     verify_graph_buffers = _state(lambda self: self._verify.enabled,
                                   lambda self, on: setattr(self._verify, "enabled", bool(on)),
-                                  doc="put writes through the prepared verify index buffer.")
+                                  doc="put writes through the prepared verify index buffer (a put-level switch; a "
+                                      "forward passes verify_graph_index to kv_step instead).")
     verify_window_kernel = _state(lambda self: self._verify.window_kernel,
                                   lambda self, on: setattr(self._verify, "window_kernel", bool(on)),
                                   doc="Set only during an MTP verify forward: small windows may take the paged "
                                       "verify kernel eagerly.")
 
     @_locked
-    def prepare_decode_graph_step(self, cache_len: Any, positions: Any) -> FlashInferKvMetadata:
-        """Prepare a decode step writing position ``positions[b]`` of each row (``cache_len == position + 1``):
-        the step CSR for ``cache_len`` (reuse / bump / rebuild) and the fixed ``[B]`` write index. Counts as a
-        write of those positions (a replayed graph never calls put). Returns the step CSR."""
-        return self._decode.prepare(self._csr_step(), self._table.kv_len, cache_len, positions)
+    def prepare_decode_graph_step(self, cache_len: Any, positions: Any) -> GraphStepCsr:
+        """Prepare a decode step writing position ``positions[b]`` of each row (``cache_len == position + 1``, an int
+        or one per row): the graph CSR of ``B`` rows rewritten in place for ``cache_len`` (its tensors stay the same
+        across page boundaries; see ``reserve_graph_rows``) and the fixed ``[B]`` write index. Counts as a write of
+        those positions (a replayed graph never calls put). The eager step CSR is left alone. Returns the graph
+        CSR; nothing here synchronises with the device."""
+        return self._decode.prepare(self._csr_step(), self._table.kv_len, self._graph_csr, cache_len, positions)
 
     @_locked
-    def decode_graph_metadata(self, batch: int) -> FlashInferKvMetadata:
-        """The step CSR a decode graph of ``batch`` rows reads; RuntimeError if there is none or its batch differs."""
-        meta = self._step.csr.meta if self._step is not None else None
-        if meta is None or meta.batch_size != batch:
-            raise RuntimeError(f"no decode step CSR for batch {batch} (have "
-                               f"{None if meta is None else meta.batch_size}); prepare_decode_graph_step first")
-        return meta
+    def reserve_graph_rows(self, rows: int) -> None:
+        """Size the graph CSR every decode and verify graph reads for up to ``rows`` rows of the pool's full page
+        count (``4 * rows * (num_pages + 2)`` bytes), so no later graph step of at most ``rows`` rows moves it. Growing
+        it moves it: ``consume_verify_graph_meta_realloc`` reports that, and graphs on the old tensors must be
+        dropped (their backends' ``is_bound_to`` turns False)."""
+        self._graph_csr.reserve(as_int(rows, "rows", minimum=1))
+
+    @_locked
+    def decode_graph_metadata(self, batch: int) -> GraphStepCsr:
+        """The graph CSR a decode (or verify) graph of ``batch`` rows reads: the same tensors for the buffers' life,
+        whatever the rows' lengths. RuntimeError if fewer than ``batch`` rows are reserved."""
+        batch = as_int(batch, "batch", minimum=1)
+        if batch > self._graph_csr.rows:
+            raise RuntimeError(f"no graph CSR for batch {batch} ({self._graph_csr.rows} rows reserved); "
+                               f"prepare_decode_graph_step or reserve_graph_rows first")
+        return self._graph_csr.view(batch)
+
+    @_locked
+    def decode_graph_index(self, batch: int) -> torch.Tensor:
+        """The fixed ``int64[batch]`` write index of the prepared decode step (or of a prefetch capture), for
+        ``kv_step(positions, 1, index=...)``: one tensor per batch size for the pool's life, rewritten in place by
+        every prepare. RuntimeError unless a decode step of ``batch`` rows is prepared for the active step."""
+        d, step = self._decode, self._step
+        if d.index is None or step is None or d.prepared_for is not step or step.batch != batch:
+            raise RuntimeError(f"no decode write index prepared for batch {batch}; call prepare_decode_graph_step "
+                               f"(or begin_prefetch_decode_graph_step) first")
+        return d.index
 
     @_locked
     def begin_prefetch_decode_graph_step(self, cache_len: int, cache_pos: int, batch: int) -> FlashInferKvMetadata:
@@ -615,32 +689,47 @@ class KvCachePool:
         step.csr.install(meta, lengths)
 
     @_locked
-    def prepare_verify_graph_step(self, cache_lens: Any, start_positions: Any, window_len: int) -> FlashInferKvMetadata:
+    def prepare_verify_graph_step(self, cache_lens: Any, start_positions: Any,
+                                  window_len: int) -> FlashInferKvMetadata:
         """Prepare a verify window of ``window_len`` tokens per row (``cache_lens[b] == start_positions[b] +
-        window_len``; an int means uniform): rewrites the fixed-address verify CSR in place (reallocated only when
-        the batch changes or the rows' total capacity in pages grows: see ``consume_verify_graph_meta_realloc``) and
-        the fixed ``[B*W]`` write index. Counts as a write of the windows. Returns the verify CSR."""
-        return self._verify.prepare(self._require_step(), self._table.kv_len, cache_lens, start_positions,
-                                    window_len, graph=True)
+        window_len``; an int means uniform): the graph CSR of ``B`` rows rewritten in place (the one decode graphs
+        read; it moves only when more rows are reserved: see ``consume_verify_graph_meta_realloc``) and the fixed
+        ``[B*W]`` write index. Counts as a write of the windows. Returns the graph CSR; nothing here synchronises
+        with the device."""
+        return self._verify.prepare(self._require_step(), self._table.kv_len, self._graph_csr, cache_lens,
+                                    start_positions, window_len)
 
     @_locked
     def prepare_verify_step(self, cache_lens: Any, start_positions: Any, window_len: int) -> FlashInferKvMetadata:
         """Eager ragged verify: the step CSR for ``cache_lens`` (reuse / bump / rebuild) and the ``[B*W]`` write
         index for ``put`` with ``verify_graph_buffers``. Returns the step CSR."""
-        return self._verify.prepare(self._csr_step(), self._table.kv_len, cache_lens, start_positions,
-                                    window_len, graph=False)
+        return self._verify.prepare(self._csr_step(), self._table.kv_len, None, cache_lens, start_positions,
+                                    window_len)
 
     @_locked
-    def verify_graph_metadata(self) -> FlashInferKvMetadata:
-        """The fixed-address verify CSR; RuntimeError if never prepared."""
+    def verify_graph_index(self, batch: int, window_len: int) -> torch.Tensor:
+        """The fixed ``int64[batch * window_len]`` write index of the prepared verify windows, for
+        ``kv_step(starts, window_len, index=...)``: one tensor per (batch, window) for the pool's life. RuntimeError
+        unless ``prepare_verify_graph_step``/``prepare_verify_step`` prepared that shape for the active step."""
+        vb, step = self._verify, self._step
+        if vb.index is None or step is None or vb.prepared_for is not step or step.batch != batch \
+                or vb.window != window_len:
+            raise RuntimeError(f"no verify write index prepared for batch {batch}, window {window_len}; call "
+                               f"prepare_verify_graph_step first")
+        return vb.index
+
+    @_locked
+    def verify_graph_metadata(self) -> GraphStepCsr:
+        """The graph CSR of the last ``prepare_verify_graph_step``; RuntimeError if never prepared."""
         if self._verify.meta is None:
             raise RuntimeError("verify graph metadata not prepared; call prepare_verify_graph_step first")
         return self._verify.meta
 
     @_locked
     def consume_verify_graph_meta_realloc(self) -> bool:
-        """True once after the verify CSR moved to new tensors (drop graphs captured on the old ones)."""
-        moved, self._verify.realloc = self._verify.realloc, False
+        """True once after the graph CSR (decode and verify graphs alike) moved to new tensors: its first allocation
+        and every growth of ``reserve_graph_rows``. Drop graphs captured on the old ones."""
+        moved, self._graph_csr.moved = self._graph_csr.moved, False
         return moved
 
     @_locked
@@ -702,6 +791,29 @@ class KvCachePool:
                 f"restore of request {b.request_id} needs {handle.num_private_pages} pages, have "
                 f"{self._exhausted_detail()}; finish or offload other requests")
         self._binder.restore(b, handle)
+
+    @_locked
+    def grow_request(self, request_id: int, total_capacity: int) -> int:
+        """Raise a bound, resident request's capacity to ``total_capacity`` (page-aligned up) by appending private
+        pages, evicting unlocked tree pages only as far as needed (on-demand growth for continuous batching, so
+        admission binds the prompt plus a little headroom). Returns the new capacity; a capacity already that large
+        changes nothing. Clears the active step if the request is in it (its page table changed). Raises
+        KvCacheExhaustedError, changing nothing, if the pages cannot be had; RuntimeError for an offloaded request."""
+        b = self._binding(request_id)
+        if b.offload is not None:
+            raise RuntimeError(f"request {b.request_id} is offloaded; restore_request it before growing it")
+        want = self._capacity_pages(total_capacity)
+        more = want - b.capacity // self._page_size
+        if more <= 0:
+            return b.capacity
+        if more > self._binder.available_pages():
+            raise KvCacheExhaustedError(
+                f"grow_request({b.request_id}) needs {more} more pages, have {self._exhausted_detail()}; finish, "
+                f"offload or unbind other requests")
+        if self._step is not None and b.request_id in self._step.ids:
+            self._clear_step()
+        self._binder.grow(b, more)
+        return b.capacity
 
     # ------------------------------------------------------------------ page bytes (API.md 3.6)
     def _check_page(self, page: Any) -> int:

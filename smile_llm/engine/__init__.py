@@ -1,6 +1,7 @@
-"""Continuous batching over the KV pool (``InferenceEngine``) and the CUDA-graph runners."""
+"""The public serving API: ``InferenceEngine`` (continuous batching with a serving thread) over the model's one
+scheduler, and what callers submit and hold (``SamplingParams``, ``RequestHandle``)."""
 
-from .engine import EngineShutdownError, InferenceEngine
-from .request import RequestHandle, SamplingParams
+from ..model.request import EngineShutdownError, RequestHandle, SamplingParams
+from .engine import InferenceEngine
 
 __all__ = ["EngineShutdownError", "InferenceEngine", "RequestHandle", "SamplingParams"]

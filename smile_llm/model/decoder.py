@@ -21,7 +21,7 @@ from ..cache import KvCachePool
 from .drafter import MtpDrafter
 from .sampling import probabilities, sample
 from .sequence import Sequence
-from .speculative import AcceptResult, accept_greedy, accept_rejection
+from .speculative import AcceptResult, RoundRecord, accept_greedy, accept_rejection
 from .transformer import ForwardOutput, Transformer
 
 PREFILL_CHUNK = 1024  # prompt tokens per forward: bounds activation memory on long prompts
@@ -196,12 +196,14 @@ class Decoder:
                    for b, seq in enumerate(seqs)]
         kept = np.array([r.num_accepted for r in results], dtype=np.int64)
         self.pool.truncate_to(start + 1 + kept, start + n + 1)  # KV of the window's kept positions stays
+        drafted = drafts.tolist()
         for b, (seq, res) in enumerate(zip(seqs, results)):
             seq.forwards += 1
             seq.rounds += 1
             seq.proposed += n
             seq.accepted += res.num_accepted
             seq.accept_lengths[res.num_tokens] += 1
+            seq.on_round(RoundRecord(int(start[b]), n, tuple(drafted[b]), res.num_accepted, res.tokens))
             self.drafter.commit(seq, out.hidden[b, : res.num_tokens])
             logp = torch.log_softmax(out.logits[b], dim=-1) if seq.logprobs is not None else None
             for j, token in enumerate(res.tokens):

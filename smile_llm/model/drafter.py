@@ -42,14 +42,15 @@ class MtpDrafter:
         self.transformer, self.pool, self.backend, self.mode = transformer, pool, backend, mode
 
     # ------------------------------------------------------------------ binding
-    def bind(self, seq: Sequence) -> bool:
-        """Give ``seq`` a history binding from its matched length to its capacity. False (the sequence then
-        decodes without drafts) when the history pool cannot hold it. Per-round mode binds nothing here."""
+    def bind(self, seq: Sequence, final_len: int) -> bool:
+        """Give ``seq`` a history binding from its matched length to ``final_len`` (its prompt plus every token it may
+        generate). False (the sequence then decodes without drafts) when the history pool cannot hold it. Per-round
+        mode binds nothing here."""
         if self.mode == "per_round":
             seq.history = MtpHistory(0, offset=seq.matched, filled=seq.matched)
             return True
         try:
-            rid = self.pool.bind_request([], max(1, seq.capacity - seq.matched))
+            rid = self.pool.bind_request([], max(1, final_len - seq.matched))
         except KvCacheExhaustedError:
             return False
         seq.history = MtpHistory(rid, offset=seq.matched, filled=seq.matched)

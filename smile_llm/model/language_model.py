@@ -1,55 +1,38 @@
 """LanguageModel: a checkpoint, its tokenizer, a KV pool and an attention backend, and ``generate()``.
 
-One request's path (DESIGN.md section 2): ``bind_with_prefix`` (radix match, lock, private pages) -> prefill the
-unmatched prompt tokens -> decode one token per step, sampling each from the last logits -> ``finish_exclusive``
-inserts the written KV into the tree for the next call. KV is released on every exit: finished into the tree when
-the rows' KV is whole (normal end, stop, cancellation between steps), unbound without insertion after an error.
+One request path (DESIGN.md section 6): ``generate`` and ``generate_batch`` turn their arguments into validated
+requests (``Request.create``) and hand them to the model's own ``Server``, created on first use and shut down by
+``close()``. Its scheduler binds (radix match, lock, private pages), prefills, steps (speculative rounds where the
+model drafts), finishes (the written KV goes into the prefix tree) and releases every request, whichever thread
+called. Concurrent calls are batched together; a caller waiting alone drives the steps on its own thread.
 """
 
 from __future__ import annotations
 
-import math
-from collections import Counter
+import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..attention.backend import AttentionBackend, select_backend
 from ..cache import KvCacheLayout, KvCachePool
 from ..cache.tokens import as_int_array
 from .config import MAX_SPECULATIVE_TOKENS, ModelConfig
-from .decoder import BATCHED_PREFILL_TOKENS, Decoder
+from .decoder import Decoder
 from .drafter import MtpDrafter
-from .listener import notify
-from .sequence import Sequence as SequenceState
+from .request import GenerationCancelled, Request, RequestHandle, SamplingParams
+from .sequence import Completion
+from .server import Server
 from .tokenizer import Tokenizer, load_tokenizer
 from .transformer import Transformer
 from .weights import load_into, read_checkpoint
 
+__all__ = ["Completion", "GenerationCancelled", "LanguageModel"]
+
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default"
 PER_ROUND_ROWS = 256  # rows of the per-round draft pool: larger batches draft in several rounds
-
-
-class GenerationCancelled(RuntimeError):
-    """``cancel()`` returned True between two steps; the request's KV was released."""
-
-
-@dataclass(frozen=True)
-class Completion:
-    """The result of one generation: ``text`` (cut at a stop string), ``prompt_tokens``, generated ``tokens`` (without a
-    stop token id), ``finish_reason`` ("stop" or "length"), ``logprobs`` (one per token, or None) and ``stats``
-    (counters and timings; see ``Sequence.stats``)."""
-
-    text: str
-    prompt_tokens: list[int]
-    tokens: list[int]  # generated ids, without a stop token id (a stop string's tokens stay; text is cut)
-    finish_reason: str  # "stop" or "length"
-    logprobs: list[float] | None
-    stats: dict[str, Any] = field(default_factory=dict)
 
 
 class LanguageModel:
@@ -87,7 +70,9 @@ class LanguageModel:
             if cuda_graphs_supported(pool):
                 self.decoder.decode_graphs = DecodeGraphRunner(transformer, pool)
                 self.decoder.verify_graphs = VerifyGraphRunner(transformer, pool)
-        self.serving_engine: Any = None  # set while an InferenceEngine serves this model
+        self.serving_engine: Any = None  # the InferenceEngine attached to this model, if any
+        self._server: Server | None = None
+        self._server_lock = threading.Lock()
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -156,43 +141,6 @@ class LanguageModel:
             raise ValueError(f"token {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
         return ids
 
-    @staticmethod
-    def _check_sampling(max_new_tokens: Any, temperature: Any, top_p: Any) -> None:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
-                not math.isfinite(temperature) or temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-
-    def _clamp_new_tokens(self, ids: list[int], max_new_tokens: int) -> int:
-        """Smile's rule: a prompt longer than ``max_seq_len`` is an error; new tokens stop at ``max_seq_len``."""
-        if len(ids) > self.max_seq_len:
-            raise ValueError(f"prompt of {len(ids)} tokens exceeds max_seq_len {self.max_seq_len}; shorten it or "
-                             f"load the model with a larger max_seq_len")
-        return min(max_new_tokens, self.max_seq_len - len(ids))
-
-    def _stops(self, stop: Any) -> tuple[set[int], list[str]]:
-        """EOS ids plus ``stop``: a token id, a string, or a list/tuple of those."""
-        ids, texts = set(self.config.eos_token_ids), []
-        if stop is None:
-            entries: list[Any] = []
-        elif isinstance(stop, (list, tuple)):
-            entries = list(stop)
-        else:
-            entries = [stop]
-        for s in entries:
-            if isinstance(s, str):
-                if s:
-                    texts.append(s)
-            elif isinstance(s, int) and not isinstance(s, bool) and 0 <= s < self.config.vocab_size:
-                ids.add(s)
-            else:
-                raise ValueError(f"stop entries must be token ids in [0, {self.config.vocab_size}) or strings, "
-                                 f"got {s!r}")
-        return ids, texts
-
     # ------------------------------------------------------------------ generation
     def speculative_tokens_for(self, requested: int | None) -> int:
         """Drafts per round for a request: 0 without an MTP head or for ``requested == 0``; None means the
@@ -204,142 +152,86 @@ class LanguageModel:
             return 0
         return self.config.resolve_speculative_tokens(requested)
 
-    @staticmethod
-    def _check_draft_sampling(draft_sampling: Any) -> None:
-        if draft_sampling not in ("greedy", "sample"):
-            raise ValueError(f'draft_sampling must be "greedy" or "sample", got {draft_sampling!r}')
+    @property
+    def server(self) -> Server:
+        """The model's serving loop (created on first use): the one scheduler of every request of this model."""
+        server = self._server
+        if server is None:
+            with self._server_lock:
+                if self.pool.closed:
+                    raise RuntimeError("the model is closed; load it again to generate")
+                if self._server is None:
+                    self._server = Server(self)
+                server = self._server
+        return server
 
-    def _check_not_serving(self) -> None:
-        if self.serving_engine is not None:
-            raise RuntimeError("an InferenceEngine is serving this model; submit requests to it (generate() binds "
-                               "the pool exclusively and would evict the engine's requests)")
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, listener: Any = None,
+               cancel: Callable[[], bool] | None = None, on_round: Callable[[Any], None] | None = None
+               ) -> RequestHandle:
+        """Validate one request (``Request.create``: ValueError/TypeError naming the field, nothing bound) and queue it
+        on the model's server; returns its handle at once. ``handle.result()`` waits, advancing the model itself
+        when no other thread does. Safe from any thread."""
+        return self.server.submit(Request.create(self, prompt, params, listener=listener, cancel=cancel,
+                                                 on_round=on_round))
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, temperature: float = 0.0,
                  top_p: float = 1.0, logprobs: bool = False, seed: int = 0, listener: Any = None,
                  cancel: Callable[[], bool] | None = None, stop: Any = None,
-                 speculative_tokens: int | None = None, draft_sampling: str = "greedy") -> Completion:
+                 speculative_tokens: int | None = None, draft_sampling: str = "greedy",
+                 on_round: Callable[[Any], None] | None = None) -> Completion:
         """Generate up to ``max_new_tokens`` tokens after ``prompt`` (ids or text). Greedy at temperature 0, else
         nucleus sampling; a nonzero ``seed`` makes the output reproducible. Stops at an EOS or ``stop`` token or
-        string (finish_reason "stop") or after ``max_new_tokens`` or at the pool's capacity ("length").
-        ``cancel`` is polled before every forward (GenerationCancelled). ValueError for bad input.
+        string (finish_reason "stop") or after ``max_new_tokens`` or at ``max_seq_len`` ("length"). ``cancel`` is
+        polled before every forward (GenerationCancelled, KV released). ValueError/TypeError for bad input, naming
+        the field. Safe from any number of threads at once: concurrent calls are batched together, and each
+        returns what it would return alone (greedy).
 
-        With an MTP head, decoding is speculative: ``speculative_tokens`` drafts per round (None: the model's
-        default; 0: plain decoding), verified by one target forward. ``draft_sampling="greedy"`` (default) drafts
-        the head's argmax and keeps a draft while the target samples the same token; ``"sample"`` samples drafts
-        and uses rejection sampling. Either way the output has the target's distribution, and at temperature 0 it
-        equals plain greedy decoding token for token."""
-        self._check_not_serving()
-        k = self.speculative_tokens_for(speculative_tokens)
-        self._check_draft_sampling(draft_sampling)
-        ids = self.encode(prompt)
-        self._check_sampling(max_new_tokens, temperature, top_p)
-        stop_ids, stop_texts = self._stops(stop)
-        max_new_tokens = self._clamp_new_tokens(ids, max_new_tokens)
-        pool = self.pool
-        matched = pool.bind_with_prefix(ids, len(ids) + max_new_tokens)
-        seq = SequenceState(self, ids, matched, limit=max_new_tokens, temperature=temperature, top_p=top_p,
-                            logprobs=logprobs, seed=seed, listener=listener, stop_ids=stop_ids,
-                            stop_texts=stop_texts, speculative_tokens=k, draft_sampling=draft_sampling,
-                            request_id=pool.active_request_ids[0], capacity=pool.request_capacity)
-        whole = False
-        try:
-            if k and self.drafter is not None:
-                self.drafter.pool.unbind_requests()  # generate() owns the model: no other history is live
-                self.drafter.bind(seq)
-            notify(listener, "on_input_tokens", len(ids))
-            notify(listener, "on_cached_input_tokens", min(matched, len(ids)))
-            while seq.remaining > 0:  # each iteration: poll cancel, one forward, one or more tokens
-                if cancel is not None and cancel():
-                    whole = True
-                    raise GenerationCancelled("aborted: cancel() returned True between steps; KV released")
-                if seq.prefilled < len(ids):
-                    self.decoder.prefill(seq)
-                    seq.take_next()
-                else:
-                    self.decoder.step([seq])
-            whole = True
-        finally:  # the pool inserts only KV that was written (kv_len), so the sequence may run past it
-            if self.drafter is not None:
-                self.drafter.release(seq)
-            if whole:
-                pool.finish_exclusive(ids + seq.tokens)
-            else:
-                pool.unbind_requests()
-        return seq.completion()
+        With a drafter (an MTP head), decoding is speculative: ``speculative_tokens`` drafts per round (None: the
+        model's default; 0: plain decoding), verified by one target forward; ``on_round`` receives each round's
+        ``RoundRecord``. ``draft_sampling="greedy"`` (default) drafts the head's argmax and keeps a draft while the
+        target samples the same token; ``"sample"`` samples drafts and uses rejection sampling. Either way the output
+        has the target's distribution, and at temperature 0 it equals plain greedy decoding token for token."""
+        params = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
+                                draft_sampling)
+        return self.submit(prompt, params, listener=listener, cancel=cancel, on_round=on_round).result()
 
     def generate_batch(self, prompts: Iterable[str | Sequence[int]], max_new_tokens: int = 256, *,
                        temperature: float = 0.0, top_p: float = 1.0, logprobs: bool = False, seed: int = 0,
                        stop: Any = None, speculative_tokens: int | None = None,
                        draft_sampling: str = "greedy") -> list[Completion]:
-        """Generate for several prompts as one ragged batch. Each is bound with ``bind_request`` (prefix reuse
-        included) in order. The first prompt of each group sharing a first page is prefilled and cached
-        (``cache_prefix``) at once, so the prompts bound after it match its prefix; every other prompt left with at
-        most BATCHED_PREFILL_TOKENS unmatched positions (the user turns after a shared system prompt, or short
-        unrelated prompts) is prefilled with the others like it in padded forwards (``Decoder.prefill_together``)
-        once all are bound. Then all rows step together (speculative rounds for rows that can draft, plain steps
-        for the rest), rows leaving the batch as they finish. Row i samples with seed ``seed + i`` (when seed is
-        nonzero). Greedy results equal ``generate`` on each prompt.
-        KvCacheExhaustedError if the rows do not fit together."""
-        self._check_not_serving()
-        k = self.speculative_tokens_for(speculative_tokens)
-        self._check_draft_sampling(draft_sampling)
-        prompt_ids = [self.encode(p) for p in prompts]
-        if not prompt_ids:
-            return []
-        self._check_sampling(max_new_tokens, temperature, top_p)
-        limits = [self._clamp_new_tokens(ids, max_new_tokens) for ids in prompt_ids]
-        stop_ids, stop_texts = self._stops(stop)
-        pool = self.pool
-        seqs: list[SequenceState] = []
-        whole = False
+        """Generate for several prompts as one batch on the model's scheduler (prefix reuse included: prompts
+        sharing an uncached prefix compute it once; short prompt remainders are prefilled together). Row i samples
+        with seed ``seed + i`` (when seed is nonzero). Greedy results equal ``generate`` on each prompt. Every prompt
+        is validated before any is queued; if one request fails, the others are cancelled and its error is
+        raised."""
+        prompt_list = list(prompts)
+        requests = []
+        for i, p in enumerate(prompt_list):
+            row_seed = ((seed + i) % (1 << 64) or (1 << 62)) if seed else 0  # nonzero seeds stay nonzero per row
+            params = SamplingParams(max_new_tokens, temperature, top_p, row_seed, logprobs, stop, speculative_tokens,
+                                    draft_sampling)
+            requests.append(Request.create(self, p, params))
+        handles = [self.server.submit(r) for r in requests]
         try:
-            if self.drafter is not None:
-                self.drafter.pool.unbind_requests()
-            short: list[SequenceState] = []  # prompts left with a short unmatched part, prefilled together
-            first_pages = [tuple(ids[: pool.page_size]) for ids in prompt_ids]
-            sharing = {key for key, n in Counter(first_pages).items() if n > 1}  # prompts that may share a prefix
-            for i, ids in enumerate(prompt_ids):  # bind, prefill and cache each prompt before binding the next
-                rid = pool.bind_request(ids, len(ids) + limits[i])
-                row_seed = ((seed + i) or (1 << 62)) if seed else 0  # nonzero seeds stay nonzero per row
-                seq = SequenceState(self, ids, pool.matched_prefix_len(rid), limit=limits[i],
-                                    temperature=temperature, top_p=top_p, logprobs=logprobs, seed=row_seed,
-                                    stop_ids=stop_ids, stop_texts=stop_texts, speculative_tokens=k,
-                                    draft_sampling=draft_sampling, request_id=rid,
-                                    capacity=len(ids) + limits[i])
-                seqs.append(seq)
-                if k and self.drafter is not None:
-                    self.drafter.bind(seq)
-                if seq.remaining > 0:
-                    leader = first_pages[i] in sharing  # the first of its group: computed and cached first
-                    sharing.discard(first_pages[i])
-                    if not leader and len(ids) - seq.prefilled <= BATCHED_PREFILL_TOKENS:
-                        short.append(seq)
-                        continue
-                    self.decoder.prefill(seq)
-                    seq.take_next()
-                    pool.cache_prefix(rid, ids)  # later prompts sharing a prefix (a system prompt) match it
-            self.decoder.prefill_together(short)
-            for seq in short:
-                seq.take_next()
-                pool.cache_prefix(seq.request_id, seq.prompt)
-            alive = [s for s in seqs if s.remaining > 0]
-            while alive:
-                self.decoder.step(alive)
-                alive = [s for s in alive if s.remaining > 0]
-            whole = True
+            return [h.result() for h in handles]
         finally:
-            for seq in seqs:
-                if self.drafter is not None:
-                    self.drafter.release(seq)
-                if whole:
-                    pool.finish_request(seq.request_id, seq.prompt + seq.tokens)
-                else:
-                    pool.unbind_request(seq.request_id)
-        return [seq.completion() for seq in seqs]
+            for h in handles:
+                h.cancel()
 
     def close(self) -> None:
-        """Release the model's KV pools (the main pool and the MTP draft pool); later generate calls raise RuntimeError.
-        Idempotent."""
+        """Cancel every pending request (EngineShutdownError), stop the model's server and release its KV pools;
+        later generate calls raise RuntimeError. Idempotent; safe from any thread."""
+        with self._server_lock:
+            server = self._server
+        if server is not None:
+            server.shutdown()
+            if server.in_step():  # from a listener: the pools close once the step has ended
+                server.defer(self._close_pools)
+                return
+        self._close_pools()
+
+    def _close_pools(self) -> None:
+        self.serving_engine = None
         self.pool.close()
         if self.drafter is not None:
             self.drafter.pool.close()

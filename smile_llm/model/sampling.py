@@ -34,11 +34,15 @@ def probabilities(logits: torch.Tensor, temperature: float, top_p: float) -> tor
     """The distribution sampling draws from: ``softmax(logits / temperature)`` restricted to the smallest set of
     most likely tokens whose mass reaches ``top_p`` (not renormalised; ``multinomial`` does not need it).
     ``temperature`` must be > 0. ``[..., V]`` -> ``[..., V]``."""
-    probs = torch.softmax(logits / temperature, dim=-1)
+    # shifted so the largest logit is 0: a tiny temperature sends the others to -inf, never to nan or +inf
+    scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    probs = torch.softmax(scaled, dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass strictly before each token
-        sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)  # keep the smallest set reaching top_p
+        drop = before >= top_p
+        drop[..., 0] = False  # the most likely token always stays (a top_p below float precision keeps just it)
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)  # keep the smallest set reaching top_p
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
     return probs
 

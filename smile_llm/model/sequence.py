@@ -1,7 +1,9 @@
-"""Sequence: the state of one request being generated, shared by ``generate()`` and the engine.
+"""Sequence: the state of one request being generated (the scheduler's row), and its result, ``Completion``.
 
 It holds the prompt and the tokens so far, sampling settings and generator, stop detection (ids and strings),
 streaming to a listener, logprobs, the MTP draft history, and the counters that become ``Completion.stats``.
+The caller's hooks never break the serving loop: an exception from the listener (or the round callback) is
+recorded in ``error``, the sequence finishes, and the scheduler fails that request alone.
 Positions: the prompt occupies ``[0, P)``, generated token i sits at ``P + i``; the last token's KV is written by
 the next forward, so the main pool holds KV for ``[0, last_pos)``.
 """
@@ -15,12 +17,26 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .listener import notify
 from .sampling import PositionalRng, sample
 from .tokenizer import StreamDecoder
 
 if TYPE_CHECKING:
-    from .language_model import Completion, LanguageModel
+    from .language_model import LanguageModel
+    from .request import Request
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The result of one generation: ``text`` (cut at a stop string), ``prompt_tokens``, generated ``tokens`` (without a
+    stop token id), ``finish_reason`` ("stop" or "length"), ``logprobs`` (one per token, or None) and ``stats``
+    (counters and timings; see ``Sequence.stats``)."""
+
+    text: str
+    prompt_tokens: list[int]
+    tokens: list[int]  # generated ids, without a stop token id (a stop string's tokens stay; text is cut)
+    finish_reason: str  # "stop" or "length"
+    logprobs: list[float] | None
+    stats: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -44,23 +60,22 @@ class MtpHistory:
 class Sequence:
     """One request: tokens, sampling, stops, streaming, logprobs, draft history and stats."""
 
-    def __init__(self, model: LanguageModel, prompt: list[int], matched: int, *, limit: int,
-                 temperature: float = 0.0, top_p: float = 1.0, logprobs: bool = False, seed: int = 0,
-                 listener: Any = None, stop_ids: set[int] | None = None, stop_texts: list[str] | None = None,
-                 speculative_tokens: int = 0, draft_sampling: str = "greedy", request_id: int = 0,
-                 capacity: int = 0) -> None:
-        self.model, self.prompt, self.matched = model, prompt, matched
-        self.limit = limit  # most new tokens
-        self.capacity = capacity  # the bound KV capacity: positions stay below it
+    def __init__(self, model: LanguageModel, request: Request, request_id: int, matched: int, capacity: int) -> None:
+        p = request.params
+        self.request = request
+        self.model, self.prompt, self.matched = model, request.prompt, matched
+        self.limit = request.limit  # most new tokens
+        self.capacity = capacity  # the bound KV capacity: positions stay below it (grows as pages are added)
         self.request_id = request_id
-        self.temperature, self.top_p = float(temperature), float(top_p)
-        self.rng = PositionalRng(seed, model.pool.device)  # the draw for a position depends on (seed, position)
-        self.listener = listener
-        self.stop_ids, self.stop_texts = stop_ids or set(), stop_texts or []
-        self.speculative_tokens, self.draft_sampling = speculative_tokens, draft_sampling
+        self.temperature, self.top_p = float(p.temperature), float(p.top_p)
+        self.rng = PositionalRng(p.seed, model.pool.device)  # the draw for a position depends on (seed, position)
+        self.listener = request.listener
+        self.stop_ids, self.stop_texts = request.stop_ids, request.stop_texts
+        self.speculative_tokens, self.draft_sampling = request.speculative_tokens, p.draft_sampling
         self.history: MtpHistory | None = None
         self.tokens: list[int] = []
-        self.logprobs: list[float] | None = [] if logprobs else None
+        self.logprobs: list[float] | None = [] if p.logprobs else None
+        self.error: BaseException | None = None  # what the caller's hooks raised; the request then fails alone
         self.finished = False
         self.finish_reason = "length"
         self.stream = StreamDecoder(model.tokenizer)
@@ -74,7 +89,37 @@ class Sequence:
         self.forwards = 0
         self.prefill_forwards = 0
         self.rounds = self.proposed = self.accepted = 0
+        self.preemptions = 0  # times the scheduler paused it to make room (its KV offloaded, then restored)
         self.accept_lengths: Counter[int] = Counter()  # tokens per speculative round -> rounds
+
+    # ------------------------------------------------------------------ the caller's hooks
+    def notify(self, event: str, value: Any) -> None:
+        """Call ``listener.<event>(value)`` if the listener has it. An exception is recorded in ``error`` and
+        finishes the sequence (no further events); it never propagates into the step."""
+        listener = self.listener
+        fn = getattr(listener, event, None) if listener is not None and self.error is None else None
+        if fn is None:
+            return
+        try:
+            fn(value)
+        except BaseException as exc:  # noqa: BLE001 - the caller's code: fail this request alone
+            self.fail(exc)
+
+    def on_round(self, record: Any) -> None:
+        """Give the request's ``on_round`` hook a speculative round's record (errors as in ``notify``)."""
+        hook = self.request.on_round
+        if hook is not None and self.error is None:
+            try:
+                hook(record)
+            except BaseException as exc:  # noqa: BLE001
+                self.fail(exc)
+
+    def fail(self, error: BaseException) -> None:
+        """Record the first error of this request and stop it producing tokens."""
+        if self.error is None:
+            self.error = error
+        self.finished = True
+        self.listener = None
 
     # ------------------------------------------------------------------ positions
     def token_at(self, pos: int) -> int:
@@ -93,16 +138,17 @@ class Sequence:
 
     @property
     def remaining(self) -> int:
-        """Tokens this sequence may still produce (its limit and its bound capacity)."""
+        """Tokens this sequence may still produce (0 once finished)."""
         if self.finished:
             return 0
-        return max(0, min(self.limit - len(self.tokens), self.capacity - len(self.prompt) - len(self.tokens)))
+        return max(0, self.limit - len(self.tokens))
 
     def draft_budget(self) -> int:
-        """Drafts the next round may propose: the window ``[last, d_0..d_{n-1}]`` plus the bonus fit the budget."""
+        """Drafts the next round may propose: the window ``[last, d_0..d_{n-1}]`` fits the bound capacity and the
+        window plus the bonus token fit what the request may still produce."""
         if self.history is None or not self.tokens:
             return 0
-        return max(0, min(self.speculative_tokens, self.remaining - 1))
+        return max(0, min(self.speculative_tokens, self.remaining - 1, self.capacity - self.last_pos - 1))
 
     # ------------------------------------------------------------------ tokens
     def take_next(self) -> bool:
@@ -121,7 +167,7 @@ class Sequence:
         self.tokens.append(token)
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
-        notify(self.listener, "on_generated_tokens", 1)
+        self.notify("on_generated_tokens", 1)
         chunk = self.stream.push(token)
         self.text += chunk
         for s in self.stop_texts:
@@ -145,13 +191,13 @@ class Sequence:
         """Give ``on_text`` the new text, holding back the last ``hold`` characters (a stop string may start)."""
         end = max(self.sent, len(self.text) - hold)
         if end > self.sent:
-            notify(self.listener, "on_text", self.text[self.sent : end])
+            self.notify("on_text", self.text[self.sent : end])
             self.sent = end
 
     # ------------------------------------------------------------------ result
     def stats(self) -> dict[str, Any]:
         """The request's counters and timings: ``prompt_tokens``, ``cached_tokens``, ``generated_tokens``, ``forwards``,
-        ``speculative_rounds``, ``proposed_drafts``, ``accepted_drafts``, ``mean_accepted_length``,
+        ``speculative_rounds``, ``preemptions``, ``proposed_drafts``, ``accepted_drafts``, ``mean_accepted_length``,
         ``accept_length_histogram``, ``target_forwards_per_token`` (1.0 for plain decoding), ``prefill_s``,
         ``decode_s``, ``tokens_per_s``."""
         elapsed = time.perf_counter() - self.t0
@@ -163,6 +209,7 @@ class Sequence:
             "generated_tokens": n,
             "forwards": self.forwards,
             "speculative_rounds": self.rounds,
+            "preemptions": self.preemptions,
             "proposed_drafts": self.proposed,
             "accepted_drafts": self.accepted,
             "mean_accepted_length": (sum(k * v for k, v in self.accept_lengths.items()) / self.rounds
@@ -176,9 +223,8 @@ class Sequence:
         }
 
     def completion(self) -> Completion:
-        """Flush the held-back text to the listener and return the request's ``Completion``."""
-        from .language_model import Completion
-
+        """Flush the held-back text to the listener and return the request's ``Completion`` (check ``error``
+        afterwards: the flush may fail the request)."""
         if not self.cut:
             self.text += self.stream.finish()
         self._flush()

@@ -40,6 +40,19 @@ class AcceptResult:
         return self.tokens[-1]
 
 
+@dataclass(frozen=True)
+class RoundRecord:
+    """One speculative round of one request, as given to its ``on_round`` hook: the position of the window's first
+    token (``position``, the last token before the round), the drafts proposed (``k`` of them), how many the target
+    accepted and the tokens the round added (the accepted drafts and the bonus token, before any stop cut them)."""
+
+    position: int
+    k: int
+    drafts: tuple[int, ...]
+    num_accepted: int
+    tokens: tuple[int, ...]
+
+
 def accept_greedy(drafts: Sequence[int], target_samples: Sequence[int]) -> AcceptResult:
     """Longest prefix of ``drafts`` equal to ``target_samples``, plus the target's sample after it. ValueError if
     ``drafts`` is empty or ``target_samples`` does not have ``len(drafts) + 1`` entries.

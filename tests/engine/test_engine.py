@@ -203,16 +203,25 @@ def test_zero_new_tokens_and_stop_strings(lm, solo):
     assert_no_leak(lm)
 
 
-def test_bad_input_is_refused_at_submit_and_generate_is_locked_while_serving(lm):
+def test_bad_input_is_refused_at_submit_and_generate_shares_the_scheduler(lm, solo):
+    for kwargs, field in (({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
+                          ({"max_new_tokens": -1}, "max_new_tokens"), ({"speculative_tokens": -2}, "speculative_tokens"),
+                          ({"draft_sampling": "beam"}, "draft_sampling"), ({"seed": "7"}, "seed"),
+                          ({"seed": 1 << 64}, "seed"), ({"logprobs": 1}, "logprobs"), ({"stop": [1.5]}, "stop")):
+        with pytest.raises(ValueError, match=field):
+            SamplingParams(**kwargs)
     with InferenceEngine(lm) as engine:
-        for bad in (SamplingParams(temperature=-1), SamplingParams(top_p=0), SamplingParams(max_new_tokens=-1),
-                    SamplingParams(speculative_tokens=-2), SamplingParams(draft_sampling="beam")):
-            with pytest.raises(ValueError):
-                engine.submit("abc", bad)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="vocabulary"):
             engine.submit([300], SamplingParams())
-        with pytest.raises(RuntimeError, match="InferenceEngine"):
-            lm.generate("abc", 3)
+        with pytest.raises(TypeError, match="params must be a SamplingParams"):
+            engine.submit("abc", {"max_new_tokens": 5})  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="cancel must be None or a callable"):
+            engine.submit("abc", cancel=True)  # type: ignore[arg-type]
+        assert lm.pool.bound_request_count == 0 and engine.num_waiting == 0
+        # generate() while an engine serves joins the same scheduler
+        h = engine.submit(PROMPTS[1], SamplingParams(max_new_tokens=LENGTHS[1]))
+        assert lm.generate(PROMPTS[0], LENGTHS[0]).tokens == solo[0]
+        assert h.result(60).tokens == solo[1]
         with pytest.raises(RuntimeError, match="already serves"):
             InferenceEngine(lm)
     assert lm.serving_engine is None
@@ -221,6 +230,7 @@ def test_bad_input_is_refused_at_submit_and_generate_is_locked_while_serving(lm)
         engine.submit("abc")
     with pytest.raises(ValueError):
         InferenceEngine(lm, max_batch_size=0)
+    assert_no_leak(lm)
 
 
 def test_shutdown_cancel_pending_releases_everything(lm):

@@ -1,0 +1,206 @@
+"""What a caller asks for and what it holds while waiting: ``SamplingParams``, the validated ``Request`` and the
+future-like ``RequestHandle``.
+
+Every caller (``generate``, ``generate_batch``, ``InferenceEngine.submit``, the JVM) goes through
+``Request.create``, the one place where a prompt and its parameters become a request: the prompt is encoded and
+checked against the vocabulary, the stops are resolved, the new-token limit is clamped to ``max_seq_len`` and the
+draft count is resolved. A bad field raises ValueError or TypeError naming the field, before anything is bound.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .language_model import LanguageModel
+    from .sequence import Completion
+
+MAX_SEED = (1 << 64) - 1
+DRAFT_SAMPLING = ("greedy", "sample")
+
+
+class GenerationCancelled(RuntimeError):
+    """The request was cancelled (``cancel()`` returned True, ``RequestHandle.cancel``, or a shutdown that cancels
+    pending work); its KV was released."""
+
+
+class RequestTypeError(TypeError, ValueError):
+    """A request field of the wrong type. Also a ValueError, so callers that catch ValueError for bad input catch
+    every invalid request."""
+
+
+class EngineShutdownError(RuntimeError):
+    """The engine or model was shut down before the request completed, or a request came after shutdown."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request settings: greedy at ``temperature`` 0, nucleus sampling (``top_p``) otherwise; ``seed`` 0 is
+    nondeterministic, any other seed in [0, 2**64) reproducible; ``logprobs`` returns the chosen tokens' logprobs;
+    ``stop`` a token id, a string, or a list/tuple of those (EOS ids always stop); ``speculative_tokens`` None for the
+    model's default, 0 for plain decoding; ``draft_sampling`` "greedy" or "sample".
+
+    Validated on construction: RequestTypeError (a TypeError and a ValueError) for a field of the wrong type,
+    ValueError for a value out of range, both naming the field."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    logprobs: bool = False
+    stop: Any = None
+    speculative_tokens: int | None = None
+    draft_sampling: str = "greedy"
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_new_tokens):
+            raise RequestTypeError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if not _is_number(self.temperature):
+            raise RequestTypeError(f"temperature must be a number, got {self.temperature!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_number(self.top_p):
+            raise RequestTypeError(f"top_p must be a number, got {self.top_p!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.seed):
+            raise RequestTypeError(f"seed must be an int, got {self.seed!r}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+        if not isinstance(self.logprobs, bool):
+            raise RequestTypeError(f"logprobs must be a bool, got {self.logprobs!r}")
+        if self.speculative_tokens is not None:
+            if not _is_int(self.speculative_tokens):
+                raise RequestTypeError(f"speculative_tokens must be None or an int, got {self.speculative_tokens!r}")
+            if self.speculative_tokens < 0:
+                raise ValueError(f"speculative_tokens must be None or an int >= 0, got {self.speculative_tokens}")
+        if self.draft_sampling not in DRAFT_SAMPLING:
+            raise ValueError(f'draft_sampling must be "greedy" or "sample", got {self.draft_sampling!r}')
+        for entry in self.stop_entries():
+            if not isinstance(entry, str) and not (_is_int(entry) and entry >= 0):
+                raise RequestTypeError(f"stop entries must be token ids (ints >= 0) or strings, got {entry!r}")
+
+    def stop_entries(self) -> list[Any]:
+        """``stop`` as a list (None: empty; a single id or string: one entry)."""
+        if self.stop is None:
+            return []
+        if isinstance(self.stop, (list, tuple)):
+            return list(self.stop)
+        return [self.stop]
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request, ready for the scheduler: prompt ids, settings, the new-token ``limit`` (clamped so that
+    prompt plus completion fit ``max_seq_len``), resolved stops, the drafts per round (0: plain decoding), and the
+    caller's hooks: ``listener`` (GenerationListener-like), ``cancel`` (polled before every forward of the request;
+    True ends it with GenerationCancelled) and ``on_round`` (called with each speculative round's ``RoundRecord``)."""
+
+    prompt: list[int]
+    params: SamplingParams
+    limit: int
+    stop_ids: frozenset[int]
+    stop_texts: tuple[str, ...]
+    speculative_tokens: int
+    listener: Any = None
+    cancel: Callable[[], bool] | None = None
+    on_round: Callable[[Any], None] | None = None
+
+    @classmethod
+    def create(cls, model: LanguageModel, prompt: Any, params: SamplingParams | None = None, *,
+               listener: Any = None, cancel: Any = None, on_round: Any = None) -> Request:
+        """Validate and resolve one request for ``model``. ValueError/TypeError naming the field: an empty prompt or
+        a token outside the vocabulary (``prompt``), a prompt longer than ``max_seq_len``, a stop id outside the
+        vocabulary (``stop``), ``params`` not a SamplingParams, ``cancel``/``on_round`` not callable."""
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise RequestTypeError(f"params must be a SamplingParams, got {type(params).__name__} (build one with "
+                            f"SamplingParams(max_new_tokens=..., ...))")
+        for name, hook in (("cancel", cancel), ("on_round", on_round)):
+            if hook is not None and not callable(hook):
+                raise RequestTypeError(f"{name} must be None or a callable, got {hook!r}")
+        ids = model.encode(prompt)
+        if len(ids) > model.max_seq_len:
+            raise ValueError(f"prompt of {len(ids)} tokens exceeds max_seq_len {model.max_seq_len}; shorten it or "
+                             f"load the model with a larger max_seq_len")
+        vocab = model.config.vocab_size
+        stop_ids, stop_texts = set(model.config.eos_token_ids), []
+        for entry in params.stop_entries():
+            if isinstance(entry, str):
+                if entry:
+                    stop_texts.append(entry)
+            elif entry >= vocab:
+                raise ValueError(f"stop entries must be token ids in [0, {vocab}) or strings: got token id {entry}, "
+                                 f"outside the vocabulary")
+            else:
+                stop_ids.add(entry)
+        return cls(ids, params, min(params.max_new_tokens, model.max_seq_len - len(ids)), frozenset(stop_ids),
+                   tuple(stop_texts), model.speculative_tokens_for(params.speculative_tokens), listener, cancel,
+                   on_round)
+
+
+class RequestHandle:
+    """A submitted request, future-like and safe from any thread: ``result()`` waits for its Completion (or raises
+    what ended it: GenerationCancelled, KvCacheExhaustedError if it can never fit the pool, EngineShutdownError, the
+    error of its listener or ``cancel`` hook, or the error of a failed forward). While a caller waits and no other
+    thread is advancing the model, the waiting thread advances it itself (no thread hop for a single caller)."""
+
+    def __init__(self, request_number: int, request: Request, server: Any) -> None:
+        self.request_number = request_number  # submission order on its model, from 1
+        self.request = request
+        self.prompt = request.prompt
+        self._server = server
+        self._done = threading.Event()
+        self._result: Completion | None = None
+        self._error: BaseException | None = None
+        self.cancel_requested = False
+
+    def done(self) -> bool:
+        """True once the request finished, failed or was cancelled (never blocks)."""
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """The Completion; raises the request's error, or TimeoutError if not done within ``timeout`` seconds.
+        RuntimeError if called from a listener while the request is not done (it would wait on the thread that
+        must advance it)."""
+        self._server.wait(self, timeout)
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The error that ended the request, or None if it completed; waits like ``result``."""
+        self._server.wait(self, timeout)
+        return self._error
+
+    def cancel(self) -> bool:
+        """Abort the request: a queued one leaves the queue, a running one is evicted; its KV pages are released
+        when this returns (from a listener, at the end of the current step). False if it had already finished."""
+        return bool(self._server.cancel(self))
+
+    # ------------------------------------------------------------------ server side
+    def _set_result(self, completion: Completion) -> None:
+        if not self._done.is_set():
+            self._result = completion
+            self._done.set()
+
+    def _set_error(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()

@@ -1,0 +1,269 @@
+"""Server: the one serving loop of a model, shared by every caller on every thread.
+
+Callers ``submit`` validated requests (any thread, never waiting for a step) and wait on their handles. Whoever
+waits drives: when no thread is advancing the model, a waiting caller becomes the *driver* and runs scheduler steps
+on its own thread until its own request is done, then hands the role on (a single caller never pays a thread hop);
+every other waiter's request is batched into the same steps (continuous batching). An ``InferenceEngine`` adds a
+background driver thread, so requests advance while nobody waits. At most one thread steps at a time.
+
+Listeners and hooks run on the driver's thread inside a step. From there, ``cancel`` takes effect at the end of the
+step, and waiting on an unfinished request raises RuntimeError at once (it would wait on the very thread that must
+advance it). ``shutdown`` cancels everything pending and refuses new requests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .request import EngineShutdownError, GenerationCancelled, Request, RequestHandle
+from .scheduler import Job, Scheduler
+
+if TYPE_CHECKING:
+    from .language_model import LanguageModel
+
+IDLE_WAIT_S = 0.5  # how long an idle background driver sleeps between checks for work
+
+
+class Server:
+    """Queue, driver election and stepping over one ``Scheduler`` (see the module docstring)."""
+
+    def __init__(self, model: LanguageModel) -> None:
+        self.scheduler = Scheduler(model)
+        self._step_lock = threading.RLock()  # held for one scheduler step, or by a caller cancelling between steps
+        self._cv = threading.Condition(threading.Lock())  # driver role, intake, completions
+        self._intake: list[Job] = []  # submitted, not yet seen by the scheduler (guarded by _cv)
+        self._driver: int | None = None  # ident of the thread driving steps
+        self._stepping: int | None = None  # ident of the thread inside step()
+        self._numbers = itertools.count(1)
+        self._closed = False
+        self._cancel_waiters = 0  # callers waiting for the step lock: the driver yields to them between steps
+        self._thread: threading.Thread | None = None
+        self._thread_stop = self._stop_when_idle = False
+        self._after_step: list[Callable[[], None]] = []  # run once the current step has ended (see defer)
+        self.steps = 0
+
+    # ------------------------------------------------------------------ submission
+    def submit(self, request: Request) -> RequestHandle:
+        """Queue ``request``; returns its handle at once (never waits for a step). EngineShutdownError after
+        ``shutdown``."""
+        with self._cv:
+            if self._closed:
+                raise EngineShutdownError("the model is closed; load it again to generate")
+            handle = RequestHandle(next(self._numbers), request, self)
+            self._intake.append(Job(handle))
+            self._cv.notify_all()
+        return handle
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued and not yet bound into the pool."""
+        with self._cv:
+            return len(self._intake) + len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        """Requests bound into the pool (running or preempted)."""
+        return len(self.scheduler.running) + len(self.scheduler.preempted)
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> bool:
+        """One scheduling step on the calling thread; False when there was nothing to run. RuntimeError from a
+        listener (a step inside a step)."""
+        me = threading.get_ident()
+        if self._stepping == me:
+            raise RuntimeError("step() called from a listener or hook inside a step; return from it instead")
+        with self._step_lock:
+            self._stepping = me
+            try:
+                with self._cv:
+                    self.scheduler.waiting.extend(self._intake)
+                    self._intake.clear()
+                try:
+                    worked = self.scheduler.step()
+                except Exception as exc:  # not a request's error (those are isolated): fail every request
+                    self.scheduler.fail_all(exc)
+                    worked = True
+                if worked:
+                    self.steps += 1
+            finally:
+                self._stepping = None
+                after, self._after_step = self._after_step, []
+                for fn in after:
+                    fn()
+        with self._cv:
+            self._cv.notify_all()  # waiters whose request finished, and a driver candidate
+        if self._cancel_waiters:
+            time.sleep(0.0005)  # let a caller waiting to cancel take the step lock (locks are not fair)
+        return worked
+
+    def in_step(self) -> bool:
+        """Whether the calling thread is inside a step (a listener or hook is running)."""
+        return self._stepping == threading.get_ident()
+
+    def defer(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the current step has ended (call from inside a step only)."""
+        self._after_step.append(fn)
+
+    def _has_work(self) -> bool:
+        return bool(self._intake) or self.scheduler.has_work()
+
+    def wait(self, handle: RequestHandle, timeout: float | None = None) -> None:
+        """Return once ``handle`` is done, driving steps on this thread while no other thread does. TimeoutError
+        after ``timeout`` seconds; RuntimeError when called from a listener for a request that is not done."""
+        if handle.done():
+            return
+        me = threading.get_ident()
+        if self._stepping == me or self._driver == me:
+            raise RuntimeError(f"waiting on request {handle.request_number} from a listener or hook of a running "
+                               f"request would stop every request: wait outside the callback")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not handle.done():
+            with self._cv:
+                while not handle.done() and self._driver is not None:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        break
+                    self._cv.wait(left)
+                if handle.done():
+                    return
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"request {handle.request_number} not done within {timeout} s")
+                self._driver = me
+            try:
+                while not handle.done() and (deadline is None or time.monotonic() < deadline):
+                    if not self.step() and not handle.done():
+                        with self._cv:  # nothing runnable yet (only possible while another thread cancels)
+                            self._cv.wait(0.001)
+            finally:
+                with self._cv:
+                    self._driver = None
+                    self._cv.notify_all()
+
+    # ------------------------------------------------------------------ cancellation
+    def cancel(self, handle: RequestHandle) -> bool:
+        """Cancel ``handle``'s request; False if it was already done. From the driver's thread (a listener) the
+        cancellation takes effect at the end of the step; from any other thread the request's pages are released
+        before this returns."""
+        if handle.done():
+            return False
+        if self._stepping == threading.get_ident():
+            handle.cancel_requested = True
+            return True
+        with self._cv:
+            for job in self._intake:
+                if job.handle is handle:
+                    self._intake.remove(job)
+                    handle._set_error(GenerationCancelled(f"request {handle.request_number} was cancelled"))
+                    self._cv.notify_all()
+                    return True
+        with self._between_steps():
+            if handle.done():
+                return False
+            job = self.scheduler.find(handle)
+            if job is None:  # moved from the intake by a step that started meanwhile, and already finished
+                return False
+            self.scheduler.cancel(job)
+        with self._cv:
+            self._cv.notify_all()
+        return True
+
+    def _between_steps(self) -> _StepLock:
+        return _StepLock(self)
+
+    # ------------------------------------------------------------------ background driver (InferenceEngine)
+    def start_thread(self) -> None:
+        """Start a background driver thread that advances requests while nobody waits (idempotent)."""
+        with self._cv:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._thread_stop = self._stop_when_idle = False
+            self._thread = threading.Thread(target=self._serve, name="smile-llm-server", daemon=True)
+            self._thread.start()
+
+    def stop_thread(self, wait: bool = True, when_idle: bool = False) -> None:
+        """Stop the background driver after the current step (``when_idle``: once no request is left); ``wait``
+        joins it unless called from it."""
+        with self._cv:
+            thread = self._thread
+            if when_idle:
+                self._stop_when_idle = True
+            else:
+                self._thread_stop = True
+                self._thread = None
+            self._cv.notify_all()
+        if wait and thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    @property
+    def thread_alive(self) -> bool:
+        """Whether a background driver thread is running."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def _serve(self) -> None:
+        me = threading.get_ident()
+        while True:
+            with self._cv:
+                while not self._thread_stop and (self._driver is not None or not self._has_work()):
+                    if self._stop_when_idle and not self._has_work():
+                        self._thread_stop = True
+                        break
+                    self._cv.wait(IDLE_WAIT_S)
+                if self._thread_stop:
+                    if self._thread is threading.current_thread():
+                        self._thread = None
+                    return
+                self._driver = me
+            try:
+                while not self._thread_stop and self._has_work():
+                    if not self.step():
+                        with self._cv:
+                            self._cv.wait(0.001)
+            except BaseException:  # noqa: BLE001 - the scheduler isolates request errors; never die silently
+                time.sleep(0.01)
+            finally:
+                with self._cv:
+                    self._driver = None
+                    self._cv.notify_all()
+
+    # ------------------------------------------------------------------ shutdown
+    def shutdown(self) -> None:
+        """Refuse new requests and cancel every pending one (KV released), then stop the background driver. From a
+        listener, the running requests are cancelled at the end of the current step."""
+        with self._cv:
+            self._closed = True
+            intake, self._intake = self._intake, []
+        for job in intake:
+            job.handle._set_error(EngineShutdownError(f"request {job.handle.request_number}: the model was closed"))
+        if self._stepping == threading.get_ident():
+            for job in self.scheduler.jobs():
+                job.handle.cancel_requested = True
+        else:
+            with self._between_steps():
+                for job in self.scheduler.jobs():
+                    self.scheduler._end(job, error=EngineShutdownError(
+                        f"request {job.handle.request_number}: the model was closed"))
+        self.stop_thread(wait=True)
+        with self._cv:
+            self._cv.notify_all()
+
+
+class _StepLock:
+    """The step lock for a caller thread; the driver yields it between steps while a caller waits for it."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def __enter__(self) -> None:
+        with self.server._cv:
+            self.server._cancel_waiters += 1
+        self.server._step_lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.server._step_lock.release()
+        with self.server._cv:
+            self.server._cancel_waiters -= 1
