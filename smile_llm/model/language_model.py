@@ -10,6 +10,7 @@ called. Concurrent calls are batched together; a caller waiting alone drives the
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -204,13 +205,12 @@ class LanguageModel:
         with seed ``seed + i`` (when seed is nonzero). Greedy results equal ``generate`` on each prompt. Every prompt
         is validated before any is queued; if one request fails, the others are cancelled and its error is
         raised."""
-        prompt_list = list(prompts)
+        base = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
+                              draft_sampling)
         requests = []
-        for i, p in enumerate(prompt_list):
+        for i, p in enumerate(prompts):
             row_seed = ((seed + i) % (1 << 64) or (1 << 62)) if seed else 0  # nonzero seeds stay nonzero per row
-            params = SamplingParams(max_new_tokens, temperature, top_p, row_seed, logprobs, stop, speculative_tokens,
-                                    draft_sampling)
-            requests.append(Request.create(self, p, params))
+            requests.append(Request.create(self, p, replace(base, seed=row_seed)))
         handles = [self.server.submit(r) for r in requests]
         try:
             return [h.result() for h in handles]
