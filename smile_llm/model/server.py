@@ -154,9 +154,9 @@ class Server:
             handle.cancel_requested = True
             return True
         with self._cv:
-            for job in self._intake:
-                if job.handle is handle:
-                    self._intake.remove(job)
+            for queued in self._intake:
+                if queued.handle is handle:
+                    self._intake.remove(queued)
                     handle._set_error(GenerationCancelled(f"request {handle.request_number} was cancelled"))
                     self._cv.notify_all()
                     return True
