@@ -23,6 +23,12 @@ Shared prefix (cascade): when every row of a forward starts with the same pages 
 prompt) and every query comes after them, ``plan`` splits those ``P`` positions off as one shared level. ``run``
 gathers their K/V once (not once per row) and attends all rows' queries to them in one call, then continues the
 online softmax over each row's own pages. The result equals the per-row computation up to float rounding.
+
+Causal windows (prefill, whole or chunked; CPU, no soft cap): when a forward has a window of at least
+``CAUSAL_SPLIT_MIN`` queries and no shared prefix, every row's keys split into the keys before its window, which all
+its queries see (one unmasked fused call per piece of at most ``CHUNK_BYTES`` of K/V), and the window's own square
+causal block (one fused ``is_causal`` call, whose masked tiles the kernel skips); the parts are merged by their
+log-sum-exps. Nothing masked is computed, and no scores are held (the fused kernel tiles them).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ LOG2E = 1.4426950408889634
 CHUNK_BYTES = 32 << 20  # per kv chunk: its fp32 K and V plus its scores (measured best on a 2-core CPU)
 CASCADE_MIN_TOKENS = 128  # a shared prefix shorter than this is attended per row (the split costs more than it saves)
 CPU_FLASH_LSE = True  # the cascade on the CPU uses torch's fused kernel that returns the LSE (off: plain matmuls)
-CAUSAL_SPLIT_MIN = 64  # a one-row causal window this long skips its masked half (see _one_row_causal)
+CAUSAL_SPLIT_MIN = 64  # a causal window this long skips its masked half (see _CausalWindow)
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,19 @@ class _Chunk:
     hidden: torch.Tensor | None  # bool[B, 1, 1, Qmax, Lc]: a query must not see this key; None if all visible
     past_end: torch.Tensor | None  # bool[B, 1, Lc, 1]: slot past the row's kv_len (its V is zeroed); None if none
     zero_rows: torch.Tensor | None = None  # int64: those slots' rows in the gathered [B * Hkv * Lc, D] chunk
+    first_slot: int | None = None  # one row whose slots are [first_slot, first_slot + Lc): fp32 K/V read in place
+
+
+@dataclass(frozen=True)
+class _CausalWindow:
+    """One row's causal window: queries ``[q_first, q_first + q_len)`` of q (``1 <= q_len <= kv_len``), the last
+    ``q_len`` of the row's ``kv_len`` positions. Every query sees all keys before the window; query i of the window
+    sees its keys ``0..i`` (bottom-right causal)."""
+
+    q_first: int
+    q_len: int
+    prefix: list[torch.Tensor]  # int64[Hkv * Lp] cache rows of each piece of the keys before the window, head-major
+    block: torch.Tensor  # int64[Hq * q_len] cache rows of the window's own keys, one run per query head (GQA)
 
 
 @dataclass
@@ -77,7 +96,12 @@ class AttentionPlan:
     # the one-chunk paths' additive mask and blind query rows (``_additive_mask``), built by the first layer
     sdpa_mask: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
     checked: tuple[Any, ...] | None = None  # the signature of the tensors a ReferenceBackend.run last checked
-    causal_window: bool = False  # one row, causal, a long window: the keys split into a prefix and a diagonal
+    windows: list[_CausalWindow] | None = None  # causal windows split into prefix and diagonal; chunks unused
+
+    @property
+    def causal_window(self) -> bool:
+        """Whether ``run`` takes the causal-window split (``_CausalWindow``)."""
+        return self.windows is not None
 
 
 @overload
@@ -198,12 +222,19 @@ def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_head
         raise ValueError(f"logits_soft_cap must be positive (or None / 0 for no cap), got {cap}")
 
     max_pages = int(num_row_pages.max(initial=0))
-    if batch == 1 and 0 < max_q <= kv_lens[0] and \
+    split = causal and qo_indptr is not None and cap is None and CPU_FLASH_LSE and device.type == "cpu" and \
+        max_q >= CAUSAL_SPLIT_MIN and bool((q_lens <= kv_lens).all())
+    if batch == 1 and not split and 0 < max_q <= kv_lens[0] and \
             _pages_per_chunk(1, ps, num_kv_heads, head_dim, num_qo_heads * max_q, max_pages) >= max_pages:
         return _plan_one_row(used, int(kv_lens[0]), max_q, ps, num_qo_heads, num_kv_heads, head_dim,
                              causal and qo_indptr is not None, scale, cap, device)
     table = np.zeros((batch, max_pages), dtype=np.int64)  # [B, Pmax]; pads read page 0 and are masked
     table[np.arange(max_pages) < num_row_pages[:, None]] = used  # row-major, so CSR order
+    shared_pages = _shared_pages(table, num_row_pages, kv_lens - q_lens, ps) if cap is None else 0
+    if split and not shared_pages:
+        windows = _causal_windows(table, kv_lens, q_lens, ps, num_qo_heads, num_kv_heads, head_dim, device)
+        return AttentionPlan(batch, num_qo_heads, num_kv_heads, head_dim, ps, total_q, max_q,
+                             int(used.max(initial=-1)), scale, None, device, None, None, [], windows=windows)
 
     # Last kv position each padded query may see (query i of row b): bottom-right causal, or the whole row.
     qi = np.arange(max_q)
@@ -212,7 +243,6 @@ def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_head
         aligned = qi[None, :] + (kv_lens - q_lens)[:, None]
         limit = np.where(qi[None, :] < q_lens[:, None], aligned, limit)  # padded queries: the whole row (dropped)
 
-    shared_pages = _shared_pages(table, num_row_pages, kv_lens - q_lens, ps) if cap is None else 0
     shared = None
     if shared_pages:
         slots0 = (table[0, :shared_pages, None] * ps + np.arange(ps)).reshape(-1)  # [P]
@@ -261,11 +291,31 @@ def _plan_one_row(pages: np.ndarray, kv_len: int, q_len: int, ps: int, hq: int, 
     if causal and q_len > 1:  # query i sees keys up to i + kv_len - q_len
         limit = torch.arange(kv_len - q_len, kv_len)
         hidden = (torch.arange(kv_len) > limit[:, None]).view(1, 1, 1, q_len, kv_len).to(device)
-    chunk = _Chunk(torch.from_numpy(rows).to(device), kv_len, hidden, None)
-    plan = AttentionPlan(1, hq, hkv, d, ps, q_len, q_len, int(pages.max()), scale, cap or None, device, None, None,
+    first_slot = int(slots[0]) if kv_len and (np.diff(slots) == 1).all() else None
+    chunk = _Chunk(torch.from_numpy(rows).to(device), kv_len, hidden, None, first_slot=first_slot)
+    return AttentionPlan(1, hq, hkv, d, ps, q_len, q_len, int(pages.max()), scale, cap or None, device, None, None,
                          [chunk])
-    plan.causal_window = causal and q_len >= CAUSAL_SPLIT_MIN
-    return plan
+
+
+def _causal_windows(table: np.ndarray, kv_lens: np.ndarray, q_lens: np.ndarray, ps: int, hq: int, hkv: int, d: int,
+                    device: torch.device) -> list[_CausalWindow]:
+    """The ``_CausalWindow`` of every row with queries (``q_lens <= kv_lens``); the keys before a window come in
+    pieces whose fp32 K and V take at most ``CHUNK_BYTES``."""
+    piece = max(1, CHUNK_BYTES // (2 * 4 * hkv * d))  # positions per piece
+    heads, kv_head_of = np.arange(hkv)[:, None], (np.arange(hq) // (hq // hkv))[:, None]
+    windows = []
+    q_first = 0
+    for b in range(len(kv_lens)):
+        kv_len, q_len = int(kv_lens[b]), int(q_lens[b])
+        if q_len:
+            slots = (table[b, : -(-kv_len // ps), None] * ps + np.arange(ps)).reshape(-1)[:kv_len]
+            before = kv_len - q_len
+            prefix = [torch.from_numpy((slots[None, at : min(at + piece, before)] * hkv + heads).reshape(-1)).to(device)
+                      for at in range(0, before, piece)]
+            block = (slots[None, before:] * hkv + kv_head_of).reshape(-1)
+            windows.append(_CausalWindow(q_first, q_len, prefix, torch.from_numpy(block).to(device)))
+        q_first += q_len
+    return windows
 
 
 def _shared_pages(table: np.ndarray, num_row_pages: np.ndarray, before_queries: np.ndarray, ps: int) -> int:
@@ -369,6 +419,8 @@ def _check_run(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.T
 def _run_checked(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: float,
                  v_scale: float, return_lse: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``run_attention`` after ``_check_run`` passed for these shapes."""
+    if plan.windows is not None:
+        return _run_windows(plan, q, k, v, k_scale, v_scale, return_lse)
     b, hq, hkv, d, qmax = plan.batch, plan.num_qo_heads, plan.num_kv_heads, plan.head_dim, plan.max_q
     g = hq // hkv
     cap = plan.soft_cap
@@ -384,7 +436,7 @@ def _run_checked(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch
         if plan.shared is not None:
             one_chunk = _one_chunk_cascade if fused_lse else None  # else: the online softmax below
         else:
-            one_chunk = _one_row_causal if plan.causal_window and fused_lse else _one_chunk_sdpa
+            one_chunk = _one_chunk_sdpa
     if one_chunk is not None:
         out = one_chunk(plan, qh, k, v, v_scale)  # [B * Qmax, Hq, D] fp32
         if plan.out_rows is not None:
@@ -494,26 +546,61 @@ def _additive_mask(plan: AttentionPlan, device: torch.device) -> tuple[torch.Ten
     return plan.sdpa_mask
 
 
-def _one_row_causal(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    v_scale: float) -> torch.Tensor:
-    """One row's causal window of S queries over L keys (a prefill chunk, on the CPU) without computing its masked
-    half: the first L - S keys, which every query sees, in one unmasked fused call, and the last S keys as a square
-    causal block (``is_causal``, whose masked tiles the kernel skips), merged by their log-sum-exps. The same
-    result as the masked single call. Returns ``[S, Hq, D]``."""
-    hkv, d, s = plan.num_kv_heads, plan.head_dim, plan.max_q
-    g = plan.num_qo_heads // hkv
-    lc = plan.chunks[0].num_tokens
-    kc, vc = _gather_chunk(plan, k, v)
+def _run_windows(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_scale: float,
+                 v_scale: float, return_lse: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``run_attention`` of a plan of causal windows (``plan.windows``, which cover every query), one row at a
+    time (``_window``)."""
+    assert plan.windows is not None
+    k_rows, v_rows = _rows_view(k), _rows_view(v)
+    parts = []
+    for w in plan.windows:
+        o, row_lse = _window(plan, w, q, k, v, k_rows, v_rows, k_scale)  # [1, Hq, S, D], [1, Hq, S, 1]
+        if v_scale != 1.0:
+            o.mul_(v_scale)
+        parts.append((w, o[0].transpose(0, 1), row_lse[0, :, :, 0].T))  # [S, Hq, D], [S, Hq]
+    if len(parts) == 1:  # a lone window without keys before it comes out laid [S, Hq, D] (see _window): no copy
+        out, lse = parts[0][1].contiguous().to(q.dtype), parts[0][2]
+    else:
+        out = torch.empty(plan.total_q, plan.num_qo_heads, plan.head_dim, dtype=q.dtype, device=q.device)
+        lse = torch.empty(plan.total_q, plan.num_qo_heads, device=q.device)
+        for w, o, row_lse in parts:
+            out[w.q_first : w.q_first + w.q_len] = o
+            lse[w.q_first : w.q_first + w.q_len] = row_lse
+    return (out, (lse * LOG2E).contiguous()) if return_lse else out
+
+
+def _window(plan: AttentionPlan, w: _CausalWindow, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            k_rows: torch.Tensor | None, v_rows: torch.Tensor | None,
+            k_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row's causal window without its masked half: the window's own square causal block in one ``is_causal``
+    fused call, then each piece of the keys before it in one unmasked fused call (queries grouped by KV head, so K/V
+    are not repeated), merged by log-sum-exp. Returns the fp32 output ``[1, Hq, S, D]`` (before ``v_scale``) and the
+    natural-log LSE ``[1, Hq, S, 1]``."""
+    hq, hkv, d, s = plan.num_qo_heads, plan.num_kv_heads, plan.head_dim, w.q_len
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    # the diagonal block: heads as Hkv * G (qh's memory order), its S keys repeated for each query head of a group
-    k1 = kc[:, :, None, lc - s :].expand(1, hkv, g, s, d).reshape(1, hkv * g, s, d)
-    v1 = vc[:, :, None, lc - s :].expand(1, hkv, g, s, d).reshape(1, hkv * g, s, d)
-    out1, lse1 = flash(qh.view(1, hkv * g, s, d), k1, v1, is_causal=True, scale=1.0)
-    out = out1.reshape(1, hkv, g * s, d)
-    if lc > s:  # the keys before the window
-        out0, lse0 = flash(qh, kc[:, :, : lc - s], vc[:, :, : lc - s], scale=1.0)
-        out = _merge_by_lse(out0, lse0.unsqueeze(-1), out, lse1.reshape(1, hkv, g * s, 1))
-    return _query_rows(plan, out, v_scale)
+    n = hq * s * d
+    buf, qs, scale = _workspace(plan, torch.float32, 4, n)[1][:n], q[w.q_first : w.q_first + s], plan.sm_scale * k_scale
+    if w.prefix:  # head-major, so that the queries group by KV head for the keys before the window
+        qh = buf.view(1, hq, s, d)
+        torch.mul(qs.transpose(0, 1), scale, out=qh[0])
+    else:  # token-major, so that the output (laid out like q) is [S, Hq, D] memory
+        qh = buf.view(1, s, hq, d).transpose(1, 2)
+        torch.mul(qs, scale, out=buf.view(s, hq, d))
+    kb = _gather(k, k_rows, w.block, _workspace(plan, k.dtype, 0, n)).view(1, hq, s, d)
+    vb = _gather(v, v_rows, w.block, _workspace(plan, v.dtype, 1, n)).view(1, hq, s, d)
+    out, lse = flash(qh, kb, vb, is_causal=True, scale=1.0)  # [1, Hq, S, D], [1, Hq, S]
+    lse = lse.unsqueeze(-1)
+    grouped = qh.view(1, hkv, hq // hkv * s, d) if w.prefix else qh
+    for rows in w.prefix:
+        n = rows.shape[0] * d
+        kp = _gather(k, k_rows, rows, _workspace(plan, k.dtype, 2, n)).view(1, hkv, -1, d)
+        vp = _gather(v, v_rows, rows, _workspace(plan, v.dtype, 3, n)).view(1, hkv, -1, d)
+        out0, lse0 = flash(grouped, kp, vp, scale=1.0)  # [1, Hkv, G * S, D], [1, Hkv, G * S]
+        lse0 = lse0.reshape(1, hq, s, 1)
+        merged = torch.logaddexp(lse, lse0)
+        out = out.mul_((lse - merged).exp_()).add_(out0.reshape(1, hq, s, d).mul_((lse0 - merged).exp_()))
+        lse = merged
+    return out, lse
 
 
 def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -532,8 +619,13 @@ def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: t
 
 def _gather_chunk(plan: AttentionPlan, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the plan's one chunk as fp32 ``[B, Hkv, Lc, D]`` in the workspace, slots past each row's end
-    zeroed (they may hold NaN, and 0 * NaN is NaN)."""
+    zeroed (they may hold NaN, and 0 * NaN is NaN). A one-row plan over consecutive slots of an fp32 cache gets
+    views of the cache instead (no copy; such a plan has no slot past its row's end)."""
     c = plan.chunks[0]
+    if c.first_slot is not None and k.dtype == torch.float32:
+        in_place = _slot_range(k, c.first_slot, c.num_tokens), _slot_range(v, c.first_slot, c.num_tokens)
+        if in_place[0] is not None and in_place[1] is not None:
+            return in_place[0], in_place[1]
     shape = (plan.batch, plan.num_kv_heads, c.num_tokens, plan.head_dim)
     kc = _gather(k, _rows_view(k), c.rows, _workspace(plan, k.dtype, 0)).view(shape)
     vc = _gather(v, _rows_view(v), c.rows, _workspace(plan, v.dtype, 1)).view(shape)
@@ -567,6 +659,16 @@ def _zero_past_end(gathered: torch.Tensor, c: _Chunk) -> None:
         gathered.view(-1, gathered.shape[-1]).index_fill_(0, c.zero_rows, 0.0)
 
 
+def _slot_range(cache: torch.Tensor, first: int, n: int) -> torch.Tensor | None:
+    """Slots ``[first, first + n)`` of the NHD ``cache`` as a ``[1, Hkv, n, D]`` view, or None if its strides allow
+    no such view."""
+    try:
+        slots = cache.view(-1, cache.shape[2], cache.shape[3])
+    except RuntimeError:
+        return None
+    return slots[first : first + n].transpose(0, 1).unsqueeze(0)
+
+
 def _rows_view(cache: torch.Tensor) -> torch.Tensor | None:
     """The NHD cache as ``[num_slots * Hkv, D]`` rows, or None if its strides allow no such view."""
     try:
@@ -577,10 +679,12 @@ def _rows_view(cache: torch.Tensor) -> torch.Tensor | None:
 
 def _workspace(plan: AttentionPlan, dtype: torch.dtype, which: int,
                n: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat ``(raw, fp32)`` gather buffers of ``n`` elements (default: the largest per-row chunk), kept on the plan
-    across layers under ``which``: 0/1 for a chunk's K/V, 2/3 for the shared prefix's."""
+    """Flat ``(raw, fp32)`` gather buffers of at least ``n`` elements (default: the largest per-row chunk), kept on
+    the plan across layers under ``which``: 0/1 for a chunk's (or a causal window's block's) K/V, 2/3 for the shared
+    prefix's (or the keys before a causal window), 4 for a causal window's queries. A request for more than the
+    kept size replaces them."""
     ws = plan.workspace.get((dtype, which))
-    if ws is None:
+    if ws is None or (n is not None and ws[1].shape[0] < n):
         if n is None:
             n = plan.batch * max((c.num_tokens for c in plan.chunks), default=0) * plan.num_kv_heads * plan.head_dim
         raw = torch.empty(n if dtype != torch.float32 else 0, dtype=dtype, device=plan.device)

@@ -4,6 +4,7 @@ ReferenceBackend's plan/run."""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -214,6 +215,143 @@ def test_one_row_causal_window_skips_its_masked_half(kv_len: int, q_len: int, gr
     assert_close(paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo, v_scale=0.5), want, 1e-5)
     noncausal, _ = oracle(case.q, case.k, case.v, case.meta, case.qo_indptr, causal=False)
     assert_close(paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo, causal=False), noncausal, 1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ causal windows
+WINDOW_ROWS = [  # (kv_lens, q_lens): several rows whose windows start after different prefixes
+    ([300, 150, 97, 64], [100, 64, 97, 64]),  # prefixes 200, 86, 0, 0
+    ([1000], [1000]),  # a whole prompt
+    ([1100], [76]),  # a chunk after 1,024 positions
+    ([80, 0, 260], [70, 0, 3]),  # an empty row, and a 3-query window beside a long one
+]
+
+
+@pytest.mark.parametrize("kv_lens, q_lens", WINDOW_ROWS)
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("chunk_bytes", [reference.CHUNK_BYTES, 2048])  # 2048: the prefix read in pieces
+def test_causal_windows_match_the_oracle(kv_lens: list[int], q_lens: list[int], group: int, page_size: int,
+                                         chunk_bytes: int) -> None:
+    """A forward with a window of at least CAUSAL_SPLIT_MIN queries and no shared prefix runs each row as its
+    unmasked prefix plus its square causal block (``plan.windows``); output and base-2 LSE equal the float64
+    oracle's, with GQA, sm_scale and both scales, and NaN in every slot past a row's end."""
+    case = make_case(np.random.default_rng(sum(kv_lens) + group), kv_lens, q_lens, page_size, 2, group, 16)
+    qo = torch.tensor(case.qo_indptr, dtype=torch.int32)
+    kw: dict[str, Any] = {"sm_scale": 0.2, "k_scale": 0.5, "v_scale": 3.0}
+    with mock.patch.object(reference, "CHUNK_BYTES", chunk_bytes):
+        plan = reference.plan_attention(case.meta, num_qo_heads=2 * group, num_kv_heads=2, head_dim=16,
+                                        qo_indptr=qo, sm_scale=0.2)
+        out, lse = paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo, return_lse=True, **kw)
+        plain = paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo, **kw)
+    assert plan.windows is not None and [w.q_len for w in plan.windows] == [n for n in q_lens if n]
+    if chunk_bytes == 2048:
+        assert any(len(w.prefix) > 1 for w in plan.windows) == any(k - q > 8 for k, q in zip(kv_lens, q_lens))
+    want_out, want_lse = oracle(case.q, case.k, case.v, case.meta, case.qo_indptr, **kw)
+    assert_close(out, want_out, 1e-5)
+    assert_close(lse, want_lse, 1e-5)
+    assert_close(plain, want_out, 1e-5)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=4),
+       st.sampled_from([1, 4, 16]), st.sampled_from([1, 2]), st.sampled_from([1, 2, 4]), st.integers(0, 2**31))
+def test_causal_windows_on_random_rows(rows: list[tuple[int, int]], page_size: int, hkv: int, group: int,
+                                       seed: int) -> None:
+    """With CAUSAL_SPLIT_MIN = 1 every causal forward whose rows have ``q_len <= kv_len`` takes the split: random
+    prefixes and windows (empty rows too) against the oracle, with the prefix read in pieces of a few positions."""
+    kv_lens = [prefix + window for prefix, window in rows]
+    q_lens = [window for _, window in rows]
+    case = make_case(np.random.default_rng(seed), kv_lens, q_lens, page_size, hkv, group, 8)
+    qo = torch.tensor(case.qo_indptr, dtype=torch.int32)
+    with mock.patch.object(reference, "CAUSAL_SPLIT_MIN", 1), mock.patch.object(reference, "CHUNK_BYTES", 512):
+        plan = reference.plan_attention(case.meta, num_qo_heads=hkv * group, num_kv_heads=hkv, head_dim=8,
+                                        qo_indptr=qo)
+        out, lse = paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo, return_lse=True)
+    assert plan.causal_window == (sum(q_lens) > 0)
+    want_out, want_lse = oracle(case.q, case.k, case.v, case.meta, case.qo_indptr)
+    assert_close(out, want_out, 1e-5)
+    assert_close(lse, want_lse, 1e-5)
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_chunked_prefill_equals_whole_prefill(group: int) -> None:
+    """A 300-position prompt prefilled in chunks of 100 (each chunk's queries over every position written so far)
+    gives the whole prefill's output, row for row, and both equal the oracle."""
+    case = make_case(np.random.default_rng(7), [300], [300], 16, 2, group, 16)
+    whole = paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=torch.tensor([0, 300]))
+    pages = case.meta.indices.tolist()
+    parts = []
+    for end in (100, 200, 300):
+        meta = one_row_meta(end, 16, pages[: -(-end // 16)])
+        plan = reference.plan_attention(meta, num_qo_heads=2 * group, num_kv_heads=2, head_dim=16,
+                                        qo_indptr=torch.tensor([0, 100]))
+        assert plan.windows is not None and plan.windows[0].q_len == 100
+        parts.append(paged_attention(case.q[end - 100 : end], case.k, case.v, meta, qo_indptr=torch.tensor([0, 100])))
+    assert_close(torch.cat(parts), whole.double(), 1e-6)
+    want, _ = oracle(case.q, case.k, case.v, case.meta, case.qo_indptr)
+    assert_close(whole, want, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_causal_windows_in_half_precision(dtype: torch.dtype) -> None:
+    case = make_case(np.random.default_rng(8), [200, 90], [120, 64], 16, 2, 2, 16, kv_dtype=dtype, q_dtype=dtype)
+    qo = torch.tensor(case.qo_indptr, dtype=torch.int32)
+    assert reference.plan_attention(case.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16, qo_indptr=qo).windows
+    out, lse = paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo, return_lse=True, v_scale=2.0)
+    want_out, want_lse = oracle(case.q, case.k, case.v, case.meta, case.qo_indptr, v_scale=2.0)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert_close(out, want_out, 2e-2)
+    assert_close(lse, want_lse, 2e-2)
+
+
+def test_causal_windows_are_not_used_for_a_soft_cap_a_shared_prefix_or_blind_queries() -> None:
+    """The split needs the fused CPU kernel and no soft cap; rows sharing a long prefix take the cascade instead,
+    and a window longer than its row (queries that see no key) the general path. All still equal the oracle."""
+    case = make_case(np.random.default_rng(9), [300, 150], [100, 64], 16, 2, 2, 16)
+    qo = torch.tensor(case.qo_indptr, dtype=torch.int32)
+    plan = functools.partial(reference.plan_attention, case.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16,
+                             qo_indptr=qo)
+    assert plan().windows is not None and plan(causal=False).windows is None
+    assert plan(logits_soft_cap=5.0).windows is None
+    with mock.patch.object(reference, "CPU_FLASH_LSE", False):
+        assert plan().windows is None
+        want, _ = oracle(case.q, case.k, case.v, case.meta, case.qo_indptr)
+        assert_close(paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo), want, 1e-5)
+    want, _ = oracle(case.q, case.k, case.v, case.meta, case.qo_indptr, cap=5.0)
+    assert_close(paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo, logits_soft_cap=5.0), want, 1e-5)
+    shared = make_case(np.random.default_rng(9), [300, 310], [64, 64], 16, 2, 2, 16, shared_pages=14)
+    qo = torch.tensor(shared.qo_indptr, dtype=torch.int32)
+    plan_shared = reference.plan_attention(shared.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16, qo_indptr=qo)
+    assert plan_shared.windows is None and plan_shared.shared is not None
+    blind = make_case(np.random.default_rng(9), [50, 100], [70, 64], 16, 2, 2, 16)
+    qo = torch.tensor(blind.qo_indptr, dtype=torch.int32)
+    assert reference.plan_attention(blind.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16, qo_indptr=qo).windows \
+        is None
+    want, _ = oracle(blind.q, blind.k, blind.v, blind.meta, blind.qo_indptr)
+    assert_close(paged_attention(blind.q, blind.k, blind.v, blind.meta, qo_indptr=qo), want, 1e-5)
+
+
+@pytest.mark.parametrize("q_len", [None, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_row_over_consecutive_slots_reads_the_cache_in_place(q_len: int | None, dtype: torch.dtype) -> None:
+    """A one-row decode or verify step whose pages are consecutive reads fp32 K/V as views of the cache (other
+    dtypes are gathered and cast); slots after the row hold NaN and must not reach the result."""
+    gen = torch.Generator().manual_seed(11)
+    k, v = torch.randn(12, 4, 2, 16, generator=gen), torch.randn(12, 4, 2, 16, generator=gen)
+    k[9:], v[9:] = math.nan, math.nan
+    k[8, 2:], v[8, 2:] = math.nan, math.nan
+    meta = one_row_meta(26, 4, [2, 3, 4, 5, 6, 7, 8])  # slots 8..33
+    qo = None if q_len is None else [0, q_len]
+    q = torch.randn(q_len or 1, 4, 16, generator=gen)
+    plan = reference.plan_attention(meta, num_qo_heads=4, num_kv_heads=2, head_dim=16,
+                                    qo_indptr=None if qo is None else torch.tensor(qo))
+    assert plan.chunks[0].first_slot == 8
+    k, v, q = k.to(dtype), v.to(dtype), q.to(dtype)
+    out = paged_attention(q, k, v, meta, qo_indptr=None if qo is None else torch.tensor(qo), v_scale=2.0)
+    want, _ = oracle(q, k, v, meta, qo, v_scale=2.0)
+    assert_close(out, want, 1e-5 if dtype == torch.float32 else 2e-2)
+    assert reference.plan_attention(one_row_meta(26, 4, [2, 3, 5, 4, 6, 7, 8]), num_qo_heads=4, num_kv_heads=2,
+                                    head_dim=16).chunks[0].first_slot is None
 
 
 def test_no_cascade_for_one_row_short_prefixes_or_a_soft_cap() -> None:
