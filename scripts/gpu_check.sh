@@ -1,34 +1,35 @@
 #!/usr/bin/env bash
-# The prepared GPU check: FlashInfer against the pure-PyTorch reference, and CUDA-graph capture and replay
-# (every test marked `cuda`: tests/attention/test_flashinfer_cuda.py and tests/engine/test_graphs_cuda.py, the
-# decode and verify graph runners). One short call on a GPU machine:
+# The prepared GPU check: FlashInfer against the pure-PyTorch reference, and CUDA-graph capture and replay (the
+# tests marked `cuda` in tests/attention/test_flashinfer_cuda.py and tests/model/test_graphs_cuda.py). For a GPU
+# machine that reaches no package index and brings its own Python 3.12 with CUDA torch, pytest and numpy:
 #
+#   bash scripts/gpu_check.sh --fetch-wheels   beforehand, where PyPI is reachable: saves the pinned
+#                                              flashinfer-python and apache-tvm-ffi wheels (cp312, x86-64, about
+#                                              22 MiB) in .whl/, which travels with the working tree
 #   bash scripts/gpu_check.sh                  on the GPU machine (from any folder of the repo)
-#   bash scripts/gpu_check.sh --fetch-wheels   where PyPI is reachable: saves flashinfer-python and apache-tvm-ffi
-#                                              wheels (cp312, x86-64) in .whl/ for a GPU machine without network
 #
-# Steps: a venv (.venv-gpu) that also sees the creating python's packages (an installed CUDA torch is reused, not
-# downloaded); torch with CUDA, flashinfer-python and the package installed only when missing (from .whl/ first,
-# then the package index); versions printed; FlashInfer's JIT modules built in parallel; `pytest -m cuda -q -rA
-# tests/` under a timeout; a table of every test and the totals.
+# Steps: checks that the machine's python has CUDA torch, pytest, numpy and safetensors (nothing is ever installed
+# from an index); installs the pinned wheels from .whl/ into a private folder (--no-index --no-deps) unless that
+# FlashInfer version already imports; prints the versions; builds exactly the FlashInfer JIT variants the tests use,
+# side by side, for this GPU's architecture only; runs `pytest -m cuda` on the two CUDA test files under a timeout;
+# prints a table of every test and the totals within SMILE_GPU_BUDGET seconds of the start.
 #
-# Environment: PYTHON (python3), SMILE_GPU_VENV (.venv-gpu), SMILE_WHEELHOUSE (.whl), SMILE_GPU_BUDGET (seconds for
-# the whole check, 560), SMILE_GPU_WARM (1: build the JIT modules first, in parallel), FLASHINFER_VERSION (for
-# --fetch-wheels; 0.6.18.post1, an 18 MB wheel, where 0.7.4's 101 MB would not travel), OUT (a folder that
-# receives pytest.log and junit.xml).
-# Exit: 0 all passed; 1 a test failed or errored; 2 setup failed (no CUDA torch, pip, ...); 3 flashinfer missing
-# or no test ran on the GPU; 124 the tests ran out of time.
+# Environment: PYTHON (python3), SMILE_WHEELHOUSE (.whl), SMILE_GPU_SITE (a private folder for the wheels),
+# SMILE_GPU_BUDGET (seconds until the table, 470), SMILE_GPU_WARM (1: build the JIT variants first), OUT (a folder
+# that receives pytest.log and junit.xml).
+# Exit: 0 all passed; 1 a test failed or errored; 2 setup failed (no CUDA torch, pytest, ...); 3 FlashInfer not
+# importable (bring the wheels) or no test ran on the GPU; 124 the tests ran out of time.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
-VENV=${SMILE_GPU_VENV:-.venv-gpu}
 WHEELS=${SMILE_WHEELHOUSE:-.whl}
-BUDGET=${SMILE_GPU_BUDGET:-560}
+SITE=${SMILE_GPU_SITE:-${TMPDIR:-/tmp}/smile-gpu-site}
+BUDGET=${SMILE_GPU_BUDGET:-470}
 WARM=${SMILE_GPU_WARM:-1}
-FLASHINFER_VERSION=${FLASHINFER_VERSION:-0.6.18.post1}
-TVM_FFI_SPEC='apache-tvm-ffi>=0.1.6,<0.2,!=0.1.8,!=0.1.8.post0'
-INDEX_DOWN=0
+FLASHINFER_VERSION=0.6.18.post1  # pinned: an 18 MB wheel (0.7.x's is over 100 MB and would not travel)
+TVM_FFI_VERSION=0.1.15.post2     # within flashinfer-python 0.6.18.post1's ">=0.1.6,<0.2,!=0.1.8"
+CUDA_TESTS=(tests/attention/test_flashinfer_cuda.py tests/model/test_graphs_cuda.py)
 
 say() { printf '\n== %s\n' "$*"; }
 warn() { printf 'gpu_check: %s\n' "$*" >&2; }
@@ -39,20 +40,18 @@ command -v "$PYTHON" >/dev/null 2>&1 || fail 2 "no '$PYTHON' on PATH; set PYTHON
 # ------------------------------------------------------------------------------------------- --fetch-wheels
 if [[ ${1:-} == --fetch-wheels ]]; then
   mkdir -p "$WHEELS"
-  say "downloading flashinfer-python==$FLASHINFER_VERSION and apache-tvm-ffi into $WHEELS"
-  "$PYTHON" -m pip download --no-deps --only-binary=:all: --python-version "${WHEEL_PYTHON:-3.12}" \
-    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+  say "downloading flashinfer-python==$FLASHINFER_VERSION and apache-tvm-ffi==$TVM_FFI_VERSION into $WHEELS"
+  "$PYTHON" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$WHEELS" \
-    "flashinfer-python==$FLASHINFER_VERSION" "$TVM_FFI_SPEC" \
+    "flashinfer-python==$FLASHINFER_VERSION" "apache-tvm-ffi==$TVM_FFI_VERSION" \
     || fail 2 "pip could not download the wheels (is a package index reachable from here?)"
   size_mb=$(du -sm "$WHEELS" | cut -f1)
   ls -l "$WHEELS"
   echo "$WHEELS holds ${size_mb} MiB"
-  if (( size_mb > 60 )); then
-    warn "$WHEELS is over 60 MiB: too large to travel with the working tree; pick an older FLASHINFER_VERSION"
-  fi
+  (( size_mb <= 60 )) || warn "$WHEELS is over 60 MiB: too large to travel with the working tree; remove other wheels"
   if [[ -d .git && $WHEELS != /* ]] && ! grep -qxF "/$WHEELS/" .git/info/exclude 2>/dev/null; then
-    echo "/$WHEELS/" >> .git/info/exclude  # never committed; carried to the GPU machine explicitly
+    mkdir -p .git/info && echo "/$WHEELS/" >> .git/info/exclude  # never committed; carried to the GPU machine
   fi
   exit 0
 fi
@@ -63,119 +62,77 @@ if ! command -v nvcc >/dev/null 2>&1 && [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH=/usr/local/cuda/bin:$PATH  # FlashInfer compiles its kernels on first use (JIT)
   export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 fi
-export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=$PYTHON
 
-if [[ ! -x $VENV/bin/python ]]; then
-  say "creating $VENV"
-  "$PYTHON" -m venv "$VENV" 2>/dev/null || "$PYTHON" -m venv --without-pip "$VENV" \
-    || fail 2 "'$PYTHON -m venv $VENV' failed (install python3-venv, or set PYTHON)"
-  # A venv made by a venv's python does not see that venv's packages (--system-site-packages reaches only the
-  # base install); a .pth file adds the creating interpreter's site folders after the venv's own.
-  site_dir=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  "$PYTHON" -c 'import site, sys; print("\n".join(p for p in site.getsitepackages() + [site.getusersitepackages()]))' \
-    > "$site_dir/_gpu_check_parent_site.pth"
-fi
-PY=$VENV/bin/python
-if "$PY" -m pip --version >/dev/null 2>&1; then
-  PIP=("$PY" -m pip)
-else
-  PIP=("$PYTHON" -m pip --python "$PY")  # pip >= 22.3 installs into another environment
-fi
+"$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null \
+  || fail 2 "$PY has no torch that sees a CUDA device; run with the machine's CUDA python (PYTHON=...)"
+"$PY" -c 'import pytest, numpy, safetensors' 2>/dev/null \
+  || fail 2 "$PY lacks pytest, numpy or safetensors; nothing is installed from a package index"
 
-have_wheels() { [[ -d $WHEELS ]] && compgen -G "$WHEELS/*.whl" >/dev/null; }
-
-pip_install() {  # pip_install SPEC...: from the wheelhouse when it has wheels, else from the package index
-  if have_wheels; then
-    "${PIP[@]}" install -q --no-index --find-links "$WHEELS" --no-deps "$@" && return 0
-    warn "installing $* from $WHEELS failed"
-  fi
-  if (( INDEX_DOWN )); then return 1; fi
-  if "${PIP[@]}" install -q --timeout 20 --retries 1 "$@"; then return 0; fi
-  INDEX_DOWN=1
-  warn "pip could not install $* from a package index (none reachable from this machine?). Bring wheels: run" \
-       "'bash scripts/gpu_check.sh --fetch-wheels' where PyPI is reachable and carry $WHEELS/ along"
-  return 1
-}
-
-# ------------------------------------------------------------------------------------------- installs
-cuda_torch() { "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
-if ! cuda_torch; then
-  say "torch with CUDA is not importable: installing torch"
-  pip_install torch || true
-  cuda_torch || fail 2 "torch cannot use a CUDA device here (see nvidia-smi below); install a CUDA build of torch"
+fi_version() { "$PY" -c 'import flashinfer; print(flashinfer.__version__)' 2>/dev/null; }
+if [[ $(fi_version || true) != "$FLASHINFER_VERSION" ]]; then
+  fi_wheel=$(compgen -G "$WHEELS/flashinfer_python-$FLASHINFER_VERSION-*.whl" | head -n 1 || true)
+  ffi_wheel=$(compgen -G "$WHEELS/apache_tvm_ffi-$TVM_FFI_VERSION-cp312-*.whl" | head -n 1 || true)
+  [[ -n $fi_wheel && -n $ffi_wheel ]] || fail 3 "flashinfer-python $FLASHINFER_VERSION does not import and" \
+    "$WHEELS/ lacks its pinned wheels: run 'bash scripts/gpu_check.sh --fetch-wheels' where PyPI is reachable" \
+    "and carry $WHEELS/ here"
+  say "installing $(basename "$fi_wheel") and $(basename "$ffi_wheel") into $SITE (no index, no dependencies)"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+    "$fi_wheel" "$ffi_wheel" || fail 2 "pip could not install the carried wheels into $SITE"
+  export PYTHONPATH="$SITE:$PYTHONPATH"
 fi
 
-fi_import() { "$PY" -c 'import flashinfer' 2>&1; }
-if ! fi_import >/dev/null; then
-  say "flashinfer is not importable: installing flashinfer-python"
-  if have_wheels; then
-    pip_install flashinfer-python "$TVM_FFI_SPEC" || true
-  else
-    pip_install flashinfer-python || true
-  fi
+# One architecture: the JIT builds for this GPU only ("a" on Hopper and later: fa3 needs sm_90a).
+if [[ -z ${FLASHINFER_CUDA_ARCH_LIST:-} ]]; then
+  FLASHINFER_CUDA_ARCH_LIST=$("$PY" -c 'import torch; M, m = torch.cuda.get_device_capability(0); print(f"{M}.{m}" + ("a" if M >= 9 else ""))')
 fi
-
-if ! "$PY" -c 'import pytest, hypothesis' 2>/dev/null; then
-  say "installing the test dependencies"
-  pip_install pytest hypothesis pytest-timeout || fail 2 "pytest and hypothesis are needed"
-fi
-if [[ ! -e $VENV/.smile-llm-installed ]]; then
-  if "${PIP[@]}" install -q --no-deps --no-build-isolation -e . 2>/dev/null; then
-    touch "$VENV/.smile-llm-installed"
-  else
-    warn "editable install of the package failed; the tests import it from $PWD (PYTHONPATH)"
-  fi
-fi
+export FLASHINFER_CUDA_ARCH_LIST
 
 # ------------------------------------------------------------------------------------------- versions
 say "versions"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>/dev/null \
   || echo "nvidia-smi: unavailable"
-"$PY" - <<'EOF'
+"$PY" -c '
 import sys, torch
 cap = ".".join(map(str, torch.cuda.get_device_capability(0)))
 print(f"python {sys.version.split()[0]}  torch {torch.__version__} (CUDA {torch.version.cuda})  "
-      f"{torch.cuda.get_device_name(0)} sm_{cap}")
-EOF
-if command -v nvcc >/dev/null 2>&1; then
-  nvcc --version | tail -n 2
-else
-  echo "nvcc: not found (FlashInfer's JIT needs it)"
-fi
-if fi_out=$(fi_import); then
-  "$PY" -c 'import flashinfer; print(f"flashinfer {flashinfer.__version__} at {flashinfer.__file__}")'
-else
+      f"{torch.cuda.get_device_name(0)} sm_{cap}")'
+if command -v nvcc >/dev/null 2>&1; then nvcc --version | tail -n 2; else echo "nvcc: not found (FlashInfer's JIT needs it)"; fi
+if ! fi_out=$("$PY" -c 'import flashinfer; print(f"flashinfer {flashinfer.__version__} at {flashinfer.__file__}")' 2>&1); then
   printf '%s\n' "$fi_out" | tail -n 5
-  fail 3 "flashinfer is not importable, so every cuda test would be skipped. On a machine without network run" \
-         "'bash scripts/gpu_check.sh --fetch-wheels' where PyPI is reachable and carry $WHEELS/ here"
+  fail 3 "flashinfer does not import, so every cuda test would be skipped (see above)"
 fi
+echo "$fi_out; FLASHINFER_CUDA_ARCH_LIST=$FLASHINFER_CUDA_ARCH_LIST"
 
 # ------------------------------------------------------------------------------------------- JIT warm-up
-# FlashInfer builds each kernel variant on first use; the tests need six. Built one after another they take
-# minutes; here they build side by side, a few compile jobs each.
+# FlashInfer builds each kernel variant on first use. These are exactly the variants the cuda tests use (the test
+# modules' docstrings list them); built side by side they take a few minutes, one after another far longer.
 if [[ $WARM == 1 ]]; then
-  say "building FlashInfer's JIT modules (in parallel)"
-  warm_budget=$(( BUDGET / 2 - SECONDS ))
+  say "building FlashInfer's JIT variants (in parallel)"
+  warm_budget=$(( BUDGET * 3 / 5 - SECONDS ))
   if (( warm_budget > 30 )); then
-    MAX_JOBS=$(( ($(nproc) + 3) / 4 )) timeout --kill-after=10 "$warm_budget" "$PY" - <<'EOF' \
+    MAX_JOBS=$(( ($(nproc) + 3) / 4 )) timeout --kill-after=10 "$warm_budget" "$PY" - <<'PYEOF' \
       || warn "warm-up incomplete (the tests build what is missing)"
 import multiprocessing as mp
 import time
 
-CONFIGS = [  # (label, q dtype, kv dtype, query heads per KV head, prefill, soft cap): what the cuda tests use
-    ("decode fp16", "float16", "float16", 1, False, None),
-    ("decode bf16", "bfloat16", "bfloat16", 1, False, None),
-    ("prefill fp16", "float16", "float16", 4, True, None),
-    ("prefill bf16", "bfloat16", "bfloat16", 4, True, None),
-    ("prefill fp16 soft cap", "float16", "float16", 4, True, 5.0),
-    ("prefill bf16 q, fp8 kv", "bfloat16", "float8_e4m3fn", 4, True, None),
+# (label, kernel family or None for the default, q dtype, kv dtype, query heads per KV head, prefill, soft cap)
+CONFIGS = [
+    ("decode fp16", "fa2", "float16", "float16", 1, False, None),
+    ("decode bf16", "fa2", "bfloat16", "bfloat16", 1, False, None),
+    ("fa2 prefill fp16", "fa2", "float16", "float16", 4, True, None),
+    ("fa2 prefill bf16", "fa2", "bfloat16", "bfloat16", 4, True, None),
+    ("fa2 prefill fp16 soft cap", "fa2", "float16", "float16", 4, True, 5.0),
+    ("fa2 prefill bf16 q, fp8 kv", "fa2", "bfloat16", "float8_e4m3fn", 4, True, None),
+    ("prefill fp16 (fa3 on Hopper)", None, "float16", "float16", 4, True, None),
+    ("prefill bf16 (fa3 on Hopper)", None, "bfloat16", "bfloat16", 4, True, None),
 ]
 
 
 def build(cfg):
-    label, q_name, kv_name, group, prefill, cap = cfg
+    label, family, q_name, kv_name, group, prefill, cap = cfg
     start = time.time()
     try:
         import torch
@@ -187,16 +144,17 @@ def build(cfg):
         as32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=dev)
         meta = FlashInferKvMetadata(as32([0, 1]), as32([2]), as32([5]), ps)
         rows = 2 if prefill else 1
-        backend = FlashInferBackend(dev)
+        backend = FlashInferBackend(dev, kernel_backend=family)
         backend.plan(meta, num_qo_heads=hkv * group, num_kv_heads=hkv, head_dim=d,
                      qo_indptr=as32([0, rows]) if prefill else None, logits_soft_cap=cap, q_dtype=q_dtype,
                      kv_dtype=kv_dtype)
         cache = torch.zeros(4, ps, hkv, d, device=dev).to(kv_dtype)
         out = backend.run(torch.ones(rows, hkv * group, d, device=dev, dtype=q_dtype), cache, cache)
         torch.cuda.synchronize()
-        return f"  {label:24s} {backend.kernel:10s} {time.time() - start:6.1f} s  finite={bool(out.isfinite().all())}"
+        return (f"  {label:30s} {backend.kernel:9s} {time.time() - start:6.1f} s  "
+                f"finite={bool(out.isfinite().all())}")
     except Exception as exc:  # shown, not fatal: the test that needs it reports it
-        return f"  {label:24s} FAILED after {time.time() - start:.0f} s: {type(exc).__name__}: {str(exc)[-1500:]}"
+        return f"  {label:30s} FAILED after {time.time() - start:.0f} s: {type(exc).__name__}: {str(exc)[-1500:]}"
 
 
 if __name__ == "__main__":
@@ -204,7 +162,7 @@ if __name__ == "__main__":
     with mp.get_context("fork").Pool(len(CONFIGS)) as pool:
         for line in pool.imap_unordered(build, CONFIGS):
             print(line, flush=True)
-EOF
+PYEOF
   else
     warn "no time left for the warm-up"
   fi
@@ -213,12 +171,12 @@ fi
 # ------------------------------------------------------------------------------------------- tests
 report_dir=${OUT:-$(mktemp -d)}
 mkdir -p "$report_dir"
-test_budget=$(( BUDGET - SECONDS ))
+test_budget=$(( BUDGET - 15 - SECONDS ))  # leaves time to print the table
 (( test_budget > 30 )) || test_budget=30
-say "pytest -m cuda -q -rA tests/ (at most ${test_budget} s; log: $report_dir/pytest.log)"
+say "pytest -m cuda ${CUDA_TESTS[*]} (at most ${test_budget} s; log: $report_dir/pytest.log)"
 set +e
-timeout --signal=INT --kill-after=20 "$test_budget" "$PY" -m pytest -m cuda -q -rA -p no:cacheprovider \
-  --junitxml="$report_dir/junit.xml" tests/ 2>&1 | tee "$report_dir/pytest.log"
+timeout --signal=INT --kill-after=10 "$test_budget" "$PY" -m pytest -m cuda -q -rA -p no:cacheprovider \
+  --junitxml="$report_dir/junit.xml" "${CUDA_TESTS[@]}" 2>&1 | tee "$report_dir/pytest.log"
 rc=${PIPESTATUS[0]}
 set -e
 

@@ -10,10 +10,16 @@ Kernel per ``plan``::
     qo_indptr given  -> BatchPrefillWithPagedKVCacheWrapper  ragged prefill and verify windows; bottom-right causal
     q or KV float32  -> the reference (FlashInfer has no fp32 kernels); never in CUDA-graph mode
 
-CUDA graphs: a graph-mode backend serves one captured shape. Its wrapper's fixed buffers *are* the pool's
-fixed-address tensors (decode: the prepared decode step's CSR; verify: ``verify_graph_metadata()`` and
-``verify_qo_indptr(batch, window_len)``), so FlashInfer's in-plan copies into them are no-ops. ``plan`` reads the CSR
-on the host and must run outside capture before every replay; ``run`` does no host work and is captured.
+CUDA graphs: a graph-mode backend serves one captured shape. Its wrapper's fixed buffers *are* the pool's graph CSR
+(``decode_graph_metadata(batch)``: ``indices`` over-provisioned for every row length) and ``verify_qo_indptr(batch,
+window_len)``. FlashInfer's graph-mode ``plan`` copies the CSR it is given into those buffers, so ``plan`` refuses any
+CSR but the bound one (another would silently overwrite the pool's live CSR). ``plan`` reads the CSR's host mirrors
+(:class:`GraphStepCsr`) and hands FlashInfer host ``indptr``/``last_page_len``, so neither this module nor FlashInfer
+reads the device; it must run outside capture before every replay. ``run`` does no host work and is captured: what
+it passes as scalars (``k_scale``, ``v_scale``, the softmax scale) is frozen into the graph.
+
+Kernel family (FlashInfer's ``backend``): "fa3" for the prefill wrapper on compute capability 9.x (Hopper) when the
+query and KV dtypes match, "fa2" everywhere else (decode, FP8 KV, other GPUs); ``kernel_backend=`` forces one.
 
 FlashInfer API used (flashinfer-python 0.2 .. 0.7.4; optional arguments go by keyword, which every version accepts
 and 0.6.18+ asks for; ``backend=`` only where the constructor has it)::
@@ -25,7 +31,8 @@ and 0.6.18+ asks for; ``backend=`` only where the constructor has it)::
     BatchPrefillWithPagedKVCacheWrapper(float_workspace_buffer, kv_layout, use_cuda_graph=, qo_indptr_buf=,
         paged_kv_indptr_buf=, paged_kv_indices_buf=, paged_kv_last_page_len_buf=, backend=)
     .plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
-          head_dim, page_size, *, causal=, sm_scale=, logits_soft_cap=, q_data_type=, kv_data_type=)
+          head_dim, page_size, *, causal=, sm_scale=, logits_soft_cap=, q_data_type=, kv_data_type=,
+          uniform_q_len=)   # uniform_q_len only where the installed version's plan has it
     .run(q, (k_cache, v_cache), k_scale=, v_scale=, return_lse=)   # sm_scale *= k_scale; out *= v_scale; LSE base 2
 """
 
@@ -41,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..cache.graph_buffers import GraphStepCsr
 from ..cache.metadata import FlashInferKvMetadata
 
 if TYPE_CHECKING:
@@ -56,6 +64,7 @@ KV_LAYOUT = "NHD"  # the pool's per-layer view [num_pages, page_size, Hkv, D]
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 TENSOR_CORE_MIN_GROUP = 4  # SGLang's should_use_tensor_core: GQA group >= 4, or FP8 KV
+FA3_MAJOR = 9  # compute capability major of the GPUs FlashInfer's fa3 kernels run on (Hopper)
 
 
 def import_flashinfer() -> Any:
@@ -128,6 +137,23 @@ def workspace_buffer(device: str | torch.device) -> torch.Tensor:
     return buf
 
 
+def compute_capability(device: torch.device) -> tuple[int, int] | None:
+    """``(major, minor)`` of a CUDA ``device``; None off CUDA."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_capability(device)
+
+
+def default_kernel_backend(kernel: str, capability: tuple[int, int] | None, q_dtype: torch.dtype,
+                           kv_dtype: torch.dtype) -> str:
+    """FlashInfer's ``backend`` for ``kernel`` on a GPU of ``capability``: "fa3" for the prefill wrapper on Hopper
+    with matching query and KV dtypes (fa3 has no mixed FP8 KV), "fa2" otherwise (decode is memory-bound; fa2 serves
+    every GPU)."""
+    if kernel == "prefill" and capability is not None and capability[0] == FA3_MAJOR and q_dtype == kv_dtype:
+        return "fa3"
+    return "fa2"
+
+
 def _check_cuda_device(device: torch.device) -> None:
     if device.type != "cuda" or not torch.cuda.is_available():
         raise RuntimeError(f"FlashInferBackend needs a CUDA device; got {device} (torch.cuda.is_available() = "
@@ -149,8 +175,9 @@ def _as_positive_int(value: Any, name: str) -> int:
 
 
 def _host_kv_lens(meta: FlashInferKvMetadata) -> np.ndarray:
-    """Host ``int64[B]`` token count of each row, after checking the CSR (one device-to-host copy). ValueError on
-    a malformed CSR: FlashInfer checks none of it (``last_page_len > page_size`` is accepted, FlashInfer #320)."""
+    """Host ``int64[B]`` token count of each row, after checking the CSR: from a :class:`GraphStepCsr`'s host
+    mirrors, else with one device-to-host copy. ValueError on a malformed CSR: FlashInfer checks none of it
+    (``last_page_len > page_size`` is accepted, FlashInfer #320)."""
     for name in ("indptr", "indices", "last_page_len"):
         t = getattr(meta, name)
         if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
@@ -161,8 +188,11 @@ def _host_kv_lens(meta: FlashInferKvMetadata) -> np.ndarray:
         raise ValueError(f"indptr has {meta.indptr.shape[0]} entries for {batch} rows; it needs B + 1")
     if meta.indices.device != meta.indptr.device or meta.last_page_len.device != meta.indptr.device:
         raise ValueError("indptr, indices and last_page_len must be on one device")
-    host = torch.cat((meta.indptr, meta.last_page_len)).cpu().numpy().astype(np.int64)
-    indptr, last = host[: batch + 1], host[batch + 1:]
+    if isinstance(meta, GraphStepCsr):
+        indptr, last = meta.host_indptr.astype(np.int64), meta.host_last_page_len.astype(np.int64)
+    else:
+        host = torch.cat((meta.indptr, meta.last_page_len)).cpu().numpy().astype(np.int64)
+        indptr, last = host[: batch + 1], host[batch + 1:]
     pages = np.diff(indptr)
     if indptr[0] != 0 or (pages < 0).any():
         raise ValueError(f"indptr must start at 0 and never decrease, got {indptr.tolist()}")
@@ -199,6 +229,16 @@ def _paged_view(layer: torch.Tensor, page_size: int, num_kv_heads: int, head_dim
                      f"[num_slots, {num_kv_heads}, {head_dim}] with num_slots a multiple of {page_size}")
 
 
+def _plan_csr(meta: FlashInferKvMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(indptr, indices, last_page_len)`` to hand FlashInfer's ``plan``: for a :class:`GraphStepCsr` its host
+    ``indptr``/``last_page_len`` (FlashInfer reads them on the host, so no device read) and the used leading
+    ``indices`` (a view: FlashInfer's copy onto the fixed buffer is then a no-op); else the CSR's own tensors."""
+    if isinstance(meta, GraphStepCsr):
+        return (torch.from_numpy(meta.host_indptr), meta.indices[: meta.num_used_pages],
+                torch.from_numpy(meta.host_last_page_len))
+    return meta.indptr, meta.indices, meta.last_page_len
+
+
 @dataclass(frozen=True)
 class _Plan:
     """What one ``plan`` fixed for the ``run`` calls (all layers) that follow it."""
@@ -225,26 +265,26 @@ class FlashInferBackend:
     ``FlashInferBackend(device)`` is the eager backend: one lazily made wrapper per kernel, shared by every forward.
     ``use_cuda_graph=True`` with ``fixed_meta`` (and ``fixed_qo_indptr`` for a verify window) makes a graph-mode
     backend for one captured shape; :meth:`for_decode_graph` and :meth:`for_verify_graph` build it from a pool.
-    Graph mode: call ``plan`` outside capture before capturing and before every replay; capture ``run``; a later
-    ``plan`` with another shape, dtype or option raises ValueError (build another backend). When the pool reports a
-    reallocated CSR (``consume_verify_graph_meta_realloc()``, or a decode step CSR rebuilt at a page boundary:
-    ``is_bound_to(meta)`` turns False), drop the graph and this backend with it.
+    Graph mode: call ``plan`` outside capture before capturing and before every replay, always with the bound CSR
+    (ValueError for any other: FlashInfer would copy it over the fixed buffers); capture ``run``; a later ``plan``
+    with another shape, dtype or option raises ValueError (build another backend). When the pool's graph CSR moves
+    (``consume_verify_graph_meta_realloc()``; ``is_bound_to`` turns False), drop the graph and this backend.
 
     ``use_tensor_cores`` (decode) None means SGLang's rule: Hq/Hkv >= 4 or FP8 KV. ``kernel_backend`` is FlashInfer's
-    ``backend`` argument ("fa2" by default: one kernel family for decode, prefill and FP8 KV, the same on every
-    GPU; None passes nothing)."""
+    ``backend`` argument; None chooses by compute capability (:func:`default_kernel_backend`)."""
 
     name = "flashinfer"
 
     def __init__(self, device: str | torch.device, *, use_cuda_graph: bool = False,
                  fixed_meta: FlashInferKvMetadata | None = None, fixed_qo_indptr: torch.Tensor | None = None,
-                 use_tensor_cores: bool | None = None, kernel_backend: str | None = "fa2") -> None:
+                 use_tensor_cores: bool | None = None, kernel_backend: str | None = None) -> None:
         device = torch.device(device)
         _check_cuda_device(device)
         self.device = _canonical(device)
         self.use_cuda_graph = bool(use_cuda_graph)
         self.use_tensor_cores = use_tensor_cores
         self.kernel_backend = kernel_backend
+        self._fixed_qo_host: np.ndarray | None = None  # host copy of fixed_qo_indptr (the pool never rewrites it)
         if self.use_cuda_graph:
             if fixed_meta is None:
                 raise ValueError("use_cuda_graph=True needs fixed_meta: the pool's fixed-address CSR (decode: "
@@ -254,29 +294,30 @@ class FlashInferBackend:
                 if getattr(fixed_meta, name).device != self.device:
                     raise ValueError(f"fixed_meta.{name} is on {getattr(fixed_meta, name).device}, not {self.device}")
             if fixed_qo_indptr is not None:
-                _host_qo_indptr(fixed_qo_indptr, fixed_meta.batch_size)
+                self._fixed_qo_host = _host_qo_indptr(fixed_qo_indptr, fixed_meta.batch_size)
                 if fixed_qo_indptr.device != self.device:
                     raise ValueError(f"fixed_qo_indptr is on {fixed_qo_indptr.device}, not {self.device}")
         elif fixed_meta is not None or fixed_qo_indptr is not None:
             raise ValueError("fixed_meta / fixed_qo_indptr are CUDA-graph buffers; pass use_cuda_graph=True")
         self.fixed_meta = fixed_meta
         self.fixed_qo_indptr = fixed_qo_indptr
-        self._wrappers: dict[str, Any] = {}
+        self._capability = compute_capability(self.device)
+        self._wrappers: dict[tuple[str, str | None], Any] = {}
         self._plan: _Plan | None = None
         self._graph_key: tuple[Any, ...] | None = None
 
     # ------------------------------------------------------------------ graph-mode factories
     @classmethod
     def for_decode_graph(cls, pool: KvCachePool, batch: int, **kwargs: Any) -> FlashInferBackend:
-        """Graph-mode decode backend on the step CSR of the pool's prepared decode step (``prepare_decode_graph_step``
-        first). The CSR is bumped in place within a page and rebuilt across one: one backend per (batch, pages)."""
+        """Graph-mode decode backend on the pool's graph CSR of ``batch`` rows (``decode_graph_metadata(batch)``):
+        valid for every row length until the pool's graph CSR moves."""
         return cls(pool.device, use_cuda_graph=True, fixed_meta=pool.decode_graph_metadata(batch), **kwargs)
 
     @classmethod
     def for_verify_graph(cls, pool: KvCachePool, batch: int, window_len: int, **kwargs: Any) -> FlashInferBackend:
-        """Graph-mode verify backend on the pool's fixed verify CSR and ``verify_qo_indptr(batch, window_len)``
-        (``prepare_verify_graph_step`` first). Valid across page growth until the pool reallocates the CSR."""
-        return cls(pool.device, use_cuda_graph=True, fixed_meta=pool.verify_graph_metadata(),
+        """Graph-mode verify backend on the pool's graph CSR of ``batch`` rows and ``verify_qo_indptr(batch,
+        window_len)``: valid for every row length until the pool's graph CSR moves."""
+        return cls(pool.device, use_cuda_graph=True, fixed_meta=pool.decode_graph_metadata(batch),
                    fixed_qo_indptr=pool.verify_qo_indptr(batch, window_len), **kwargs)
 
     def is_bound_to(self, meta: FlashInferKvMetadata) -> bool:
@@ -316,10 +357,24 @@ class FlashInferBackend:
         if graph_decode and qo_indptr is not None:
             raise ValueError("this CUDA-graph backend was built for decode (no fixed_qo_indptr): qo_indptr must be "
                              "None")
+        if self.use_cuda_graph:
+            if not self.is_bound_to(meta):
+                raise ValueError("this CUDA-graph backend reads the pool's fixed graph CSR; plan it with that CSR "
+                                 "(pool.decode_graph_metadata(batch)): FlashInfer would copy another one over it")
+            if qo_indptr is not None and self.fixed_qo_indptr is not None and (
+                    qo_indptr.data_ptr() != self.fixed_qo_indptr.data_ptr()
+                    or qo_indptr.shape != self.fixed_qo_indptr.shape):
+                raise ValueError("this CUDA-graph backend reads its fixed qo_indptr (pool.verify_qo_indptr(batch, "
+                                 "window_len)); pass that one or None")
 
         kv_lens = _host_kv_lens(meta)
         batch = len(kv_lens)
-        qo_host = None if qo_indptr is None else _host_qo_indptr(qo_indptr, batch)
+        if qo_indptr is None:
+            qo_host = None
+        elif self.use_cuda_graph and self.fixed_qo_indptr is not None:
+            qo_host = self._fixed_qo_host  # read once, at construction
+        else:
+            qo_host = _host_qo_indptr(qo_indptr, batch)
         if qo_indptr is not None and qo_indptr.dtype != torch.int32:
             qo_indptr = qo_indptr.to(torch.int32)  # FlashInfer's index type is the CSR's
         total_q = batch if qo_host is None else int(qo_host[-1])
@@ -350,21 +405,28 @@ class FlashInferBackend:
             self._graph_key = key
 
         wrapper: Any  # the FlashInfer wrapper planned for ``kernel``, or a planned ReferenceBackend
-        if kernel in ("decode", "decode_tc"):
-            wrapper = self._wrapper(kernel)
-            wrapper.plan(meta.indptr, meta.indices, meta.last_page_len, hq, hkv, d, meta.page_size,
-                         logits_soft_cap=cap, q_data_type=q_dtype, kv_data_type=kv_dtype, sm_scale=scale)
-        elif kernel == "prefill":
-            wrapper = self._wrapper(kernel)
-            wrapper.plan(qo_indptr, meta.indptr, meta.indices, meta.last_page_len, hq, hkv, d, meta.page_size,
-                         causal=bool(causal), sm_scale=scale, logits_soft_cap=cap, q_data_type=q_dtype,
-                         kv_data_type=kv_dtype)
+        if kernel in ("decode", "decode_tc", "prefill"):
+            wrapper = self._wrapper(kernel, self._kernel_backend(kernel, q_dtype, kv_dtype))
+            indptr, indices, last = _plan_csr(meta)
+            if kernel == "prefill":
+                extra: dict[str, Any] = {}
+                qo_lens = np.diff(qo_host) if qo_host is not None else np.zeros(0)
+                if len(qo_lens) and (qo_lens == qo_lens[0]).all() and _accepts_keyword(type(wrapper).plan,
+                                                                                        "uniform_q_len"):
+                    extra["uniform_q_len"] = int(qo_lens[0])
+                qo_arg = torch.from_numpy(qo_host.astype(np.int32)) if qo_host is not None else qo_indptr
+                wrapper.plan(qo_arg, indptr, indices, last, hq, hkv, d, meta.page_size, causal=bool(causal),
+                             sm_scale=scale, logits_soft_cap=cap, q_data_type=q_dtype, kv_data_type=kv_dtype,
+                             **extra)
+            else:
+                wrapper.plan(indptr, indices, last, hq, hkv, d, meta.page_size, logits_soft_cap=cap,
+                             q_data_type=q_dtype, kv_data_type=kv_dtype, sm_scale=scale)
         else:  # the reference, planned once per forward like a kernel
-            wrapper = self._wrappers.get(kernel)
+            wrapper = self._wrappers.get((kernel, None))
             if wrapper is None:
                 from .reference import ReferenceBackend
 
-                wrapper = self._wrappers[kernel] = ReferenceBackend()
+                wrapper = self._wrappers[(kernel, None)] = ReferenceBackend()
             wrapper.plan(meta, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, qo_indptr=qo_indptr, causal=causal,
                          sm_scale=scale, logits_soft_cap=cap, q_dtype=q_dtype, kv_dtype=kv_dtype)
         zero_rows = None
@@ -410,9 +472,15 @@ class FlashInferBackend:
         return result
 
     # ------------------------------------------------------------------ wrappers
-    def _wrapper(self, kernel: str) -> Any:
-        """The FlashInfer wrapper for ``kernel``, made on first use (graph mode: on the fixed buffers)."""
-        wrapper = self._wrappers.get(kernel)
+    def _kernel_backend(self, kernel: str, q_dtype: torch.dtype, kv_dtype: torch.dtype) -> str:
+        if self.kernel_backend is not None:
+            return self.kernel_backend
+        return default_kernel_backend(kernel, self._capability, q_dtype, kv_dtype)
+
+    def _wrapper(self, kernel: str, backend: str) -> Any:
+        """The FlashInfer wrapper for ``kernel`` on kernel family ``backend``, made on first use (graph mode: on the
+        fixed buffers)."""
+        wrapper = self._wrappers.get((kernel, backend))
         if wrapper is not None:
             return wrapper
         fi = import_flashinfer()
@@ -433,11 +501,11 @@ class FlashInferBackend:
                 assert meta is not None
                 kwargs.update(use_cuda_graph=True, paged_kv_indptr_buffer=meta.indptr,
                               paged_kv_indices_buffer=meta.indices, paged_kv_last_page_len_buffer=meta.last_page_len)
-        if self.kernel_backend is not None and _accepts_keyword(cls.__init__, "backend"):
-            kwargs["backend"] = self.kernel_backend
+        if _accepts_keyword(cls.__init__, "backend"):
+            kwargs["backend"] = backend
         wrapper = cls(workspace_buffer(self.device), KV_LAYOUT, **kwargs)
         _log.debug("FlashInfer %s wrapper on %s (%s)", kernel, self.device, kwargs.get("backend", "default"))
-        self._wrappers[kernel] = wrapper
+        self._wrappers[(kernel, backend)] = wrapper
         return wrapper
 
     def __repr__(self) -> str:

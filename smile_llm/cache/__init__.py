@@ -8,6 +8,7 @@ from .errors import (
     RequestOffloadedError,
 )
 from .layout import KvCacheLayout, SlotCount, StaticKvBudget, compute_static_kv_budget, slots_from_budget
+from .kv_step import KvStep
 from .offload import OffloadedKv
 from .pool import KvCachePool
 from .radix import InsertResult, MatchResult, RadixCache, TreeNode
@@ -18,6 +19,7 @@ __all__ = [
     "KvCacheExhaustedError",
     "KvCacheLayout",
     "KvCachePool",
+    "KvStep",
     "MatchResult",
     "NoActiveStepError",
     "OffloadedKv",

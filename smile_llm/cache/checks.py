@@ -46,3 +46,22 @@ def same_device(a: torch.device, b: torch.device) -> bool:
         return True
     current = torch.cuda.current_device()
     return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+
+
+def as_device(value: Any, name: str = "device") -> torch.device:
+    """``value`` (a device string such as ``"cpu"`` or ``"cuda:0"``, or a ``torch.device``) as a device this process
+    can allocate on; ValueError naming ``name`` otherwise (an int, an unknown type, ``meta``, a missing accelerator)."""
+    if not isinstance(value, (str, torch.device)):
+        raise ValueError(f"{name} must be a device string such as 'cpu' or 'cuda:0', or a torch.device, got "
+                         f"{type(value).__name__} {value!r}")
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"{name} {value!r} is not a torch device ({e})") from None
+    if device.type == "meta":
+        raise ValueError(f"{name} 'meta' holds no data; use 'cpu' or 'cuda'")
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError, NotImplementedError) as e:
+        raise ValueError(f"{name} {str(device)!r} is not available here ({str(e).splitlines()[0]})") from None
+    return device

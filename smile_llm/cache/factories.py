@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .checks import as_int
+from .checks import as_device, as_int
 from .layout import KvCacheLayout, ceil_page, compute_static_kv_budget, floor_page
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def allocate(cls: type[KvCachePool], layout: KvCacheLayout, device: str | torch.
     if isinstance(mem_fraction, bool) or not (isinstance(mem_fraction, (int, float)) and 0.0 < mem_fraction <= 1.0):
         raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction!r}")
     page_size = as_int(page_size, "page_size", minimum=1)
-    device = torch.device(device)
+    device = as_device(device)
     if device.type == "cuda":
         free, total = _cuda_mem_info(device)
         budget = compute_static_kv_budget(total, free, mem_fraction, layout.bytes_per_token(dtype), page_size,
@@ -64,7 +64,7 @@ def for_mtp_history(cls: type[KvCachePool], layout: KvCacheLayout, device: str |
     prefix reuse off. Raises RuntimeError if not one page fits."""
     page_size = as_int(page_size, "page_size", minimum=1)
     slots = as_int(want_slots, "want_slots", minimum=0)
-    device = torch.device(device)
+    device = as_device(device)
     if device.type == "cuda":
         free, _ = _cuda_mem_info(device)
         slots = min(slots, int(free * 0.5) // layout.bytes_per_token(dtype))

@@ -1,16 +1,22 @@
-"""Fixed-address buffers that captured CUDA graphs read: decode and verify write indices, the verify CSR, the
-query-side ``qo_indptr``, and the scratch slots a decode capture writes to.
+"""Fixed-address buffers that captured CUDA graphs read: the graph CSR, the decode and verify write indices, the
+query-side ``qo_indptr``, and the scratch slots a decode prefetch writes to.
 
-Every tensor a graph reads keeps its address and is rewritten in place with ``copy_``/``fill_``. Write indices and
-``qo_indptr`` exist once per shape for the pool's life, so a graph captured for one batch stays valid while others
-run; the verify CSR is reallocated only when the batch changes or the rows outgrow it, and that is reported
-(``VerifyGraphBuffers.realloc``). Buffers are sized
-by the same rule that fills them (pages for the CSR, tokens for write indices), so a fill can never overrun them
-(SGLang PR 24587). Nothing here runs inside a capture: the pool prepares these before each replay.
+Every tensor a graph reads keeps its address and is rewritten in place. The graph CSR (:class:`GraphCsr`) is one set
+of buffers for every graph of the pool: ``indptr`` ``[R+1]``, ``last_page_len`` ``[R]`` and ``indices`` for ``R`` rows
+of the pool's full page count, so a graph of ``B <= R`` rows reads the leading ``[B+1]``/``[B]`` entries and any row
+lengths fit (FlashInfer's graph mode takes an over-provisioned indices buffer). It moves only when more rows are
+reserved (``GraphCsr.moved``). Write indices and ``qo_indptr`` exist once per shape for the pool's life. Buffers are
+sized by the same rule that fills them (pages for the CSR, tokens for write indices), so a fill can never overrun
+them (SGLang PR 24587).
+
+Host-to-device writes are ``non_blocking`` (from pageable memory the copy is staged before the call returns), and
+the CSR keeps host mirrors that planners read instead of the device (:class:`GraphStepCsr`): preparing a graph step
+never synchronises with the device. Nothing here runs inside a capture: the pool prepares these before each replay.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,8 +33,90 @@ if TYPE_CHECKING:
 
 
 def _copy_in(dst: torch.Tensor, src: np.ndarray) -> None:
-    """Rewrite the leading ``len(src)`` entries of the fixed tensor ``dst`` in place."""
-    dst[: len(src)].copy_(torch.from_numpy(src))
+    """Rewrite the leading ``len(src)`` entries of the fixed tensor ``dst`` in place (no device synchronisation)."""
+    dst[: len(src)].copy_(torch.from_numpy(src), non_blocking=True)
+
+
+_EMPTY32 = np.zeros(0, dtype=np.int32)
+
+
+@dataclass(eq=False)
+class GraphStepCsr(FlashInferKvMetadata):
+    """The leading ``B`` rows of the pool's fixed graph CSR, with host mirrors of ``indptr`` and ``last_page_len``
+    that always equal the device tensors after a prepare (a planner reads them instead of the device). ``indices``
+    is the whole over-provisioned buffer: only its leading ``host_indptr[-1]`` entries are meaningful."""
+
+    host_indptr: np.ndarray = field(default_factory=lambda: _EMPTY32)  # int32[B+1], a view of the host mirror
+    host_last_page_len: np.ndarray = field(default_factory=lambda: _EMPTY32)  # int32[B]
+
+    @property
+    def num_used_pages(self) -> int:
+        """``indptr[-1]``: the meaningful leading entries of ``indices``."""
+        return int(self.host_indptr[-1])
+
+
+class GraphCsr:
+    """The one fixed CSR every captured graph of a pool reads (decode and verify alike), sized for ``rows`` rows of
+    ``num_pages`` pages each: ``4 * rows * (num_pages + 2)`` bytes on the device. ``view(B)`` is the cached
+    :class:`GraphStepCsr` of its leading ``B`` rows (the same object, same tensors, for the buffers' life).
+    ``write`` rewrites it in place for the active step's lengths, from the first row whose page count changed."""
+
+    def __init__(self, page_size: int, num_pages: int, device: torch.device) -> None:
+        self.page_size, self.num_pages, self.device = page_size, num_pages, device
+        self.rows = 0
+        self.moved = False  # set when the buffers are (re)allocated; the pool reports and clears it
+        self._indptr = self._indices = self._last = torch.zeros(0, dtype=torch.int32)
+        self._host_indptr = np.zeros(1, dtype=np.int32)
+        self._host_last = _EMPTY32
+        self._views: dict[int, GraphStepCsr] = {}
+        self._written_for: ActiveStep | None = None  # the step and page counts the buffers hold (partial rewrites)
+        self._num_pages: np.ndarray | None = None
+
+    @torch.inference_mode(False)  # fixed buffers outlive the forward that creates them
+    def reserve(self, rows: int) -> None:
+        """Make room for ``rows`` rows: reallocates (and sets ``moved``) only when ``rows`` exceeds the current
+        reservation; graphs on the old tensors must then be dropped."""
+        if rows <= self.rows:
+            return
+        dev = self.device
+        self._indptr = torch.zeros(rows + 1, dtype=torch.int32, device=dev)
+        self._indices = torch.zeros(rows * self.num_pages, dtype=torch.int32, device=dev)
+        self._last = torch.zeros(rows, dtype=torch.int32, device=dev)
+        self._host_indptr = np.zeros(rows + 1, dtype=np.int32)
+        self._host_last = np.zeros(rows, dtype=np.int32)
+        self.rows, self.moved = rows, True
+        self._views.clear()
+        self._written_for = self._num_pages = None
+
+    def view(self, batch: int) -> GraphStepCsr:
+        """The CSR of the leading ``batch`` rows (``batch <= rows``)."""
+        v = self._views.get(batch)
+        if v is None:
+            assert batch <= self.rows, (batch, self.rows)
+            v = self._views[batch] = GraphStepCsr(self._indptr[: batch + 1], self._indices, self._last[:batch],
+                                                  self.page_size, self._host_indptr[: batch + 1],
+                                                  self._host_last[:batch])
+        return v
+
+    def write(self, step: ActiveStep, lengths: np.ndarray) -> GraphStepCsr:
+        """Rewrite the buffers in place for the active rows at ``lengths`` (each >= 1): O(B) when every row keeps its
+        page count, else the indices from the first row whose count changed; reserves ``step.batch`` rows first."""
+        self.reserve(step.batch)
+        batch, ps = step.batch, self.page_size
+        num_pages = -(-lengths // ps)
+        last = ((lengths - 1) % ps + 1).astype(np.int32)
+        self._host_last[:batch] = last
+        _copy_in(self._last, last)
+        written = self._num_pages if self._written_for is step else None
+        if written is None or not np.array_equal(num_pages, written):
+            first = 0 if written is None else int(np.argmax(num_pages != written))  # earlier rows keep theirs
+            indptr, indices, _ = csr_arrays(step.page_table32[first:], lengths[first:], ps)
+            offset = int(self._host_indptr[first])
+            self._host_indptr[first : batch + 1] = indptr + offset
+            _copy_in(self._indptr[first:], self._host_indptr[first : batch + 1])
+            self._indices[offset : offset + len(indices)].copy_(torch.from_numpy(indices), non_blocking=True)
+            self._written_for, self._num_pages = step, num_pages
+        return self.view(batch)
 
 
 class DecodeGraphBuffers:
@@ -60,10 +148,12 @@ class DecodeGraphBuffers:
         kept."""
         self.prepared_for, self.positions, self.scratch = None, None, False
 
-    def prepare(self, step: ActiveStep, kv_len: np.ndarray, cache_len: Any, positions: Any) -> FlashInferKvMetadata:
-        """Step CSR for ``cache_len`` and the write index of ``positions``; counts as a write of them."""
+    def prepare(self, step: ActiveStep, kv_len: np.ndarray, csr: GraphCsr, cache_len: Any,
+                positions: Any) -> GraphStepCsr:
+        """The graph CSR for ``cache_len`` and the write index of ``positions``; counts as a write of them. The
+        eager step CSR is left alone."""
         lengths, starts = step.window_lengths(cache_len, positions, 1, "prepare_decode_graph_step")
-        meta, _ = step.csr.get(step.page_table32, lengths)
+        meta = csr.write(step, lengths)
         self.point_at(step, starts, step.slots(starts, 1), scratch=False)
         step.advance_kv_len(kv_len, starts, 1)
         return meta
@@ -81,55 +171,21 @@ class DecodeGraphBuffers:
 
 
 class VerifyGraphBuffers:
-    """The fixed verify CSR (``indices`` sized to the rows' capacity in pages, so page growth never moves it), the
-    ``[B*W]`` write index, and one ``qo_indptr`` per (batch, window) for the pool's life."""
+    """The ``[B*W]`` write index of verify windows (one per (batch, window) for the pool's life), the last verify
+    graph CSR handed out, and one ``qo_indptr`` per (batch, window)."""
 
     def __init__(self, page_size: int, device: torch.device) -> None:
         self.page_size = page_size
         self.device = device
         self.enabled = False
         self.window_kernel = False
-        self.meta: FlashInferKvMetadata | None = None
-        self.meta_capacity_pages = 0
-        self.realloc = False
-        self._written_for: ActiveStep | None = None  # the step and page counts the CSR holds (for partial rewrites)
-        self._num_pages: np.ndarray | None = None
-        self._indptr = np.zeros(1, dtype=np.int32)
+        self.meta: GraphStepCsr | None = None  # the graph CSR view of the last prepare_verify_graph_step
         self.index: torch.Tensor | None = None  # int64[B*W] of the prepared windows
         self._by_shape: dict[tuple[int, int], torch.Tensor] = {}  # one fixed index per (B, W) for the pool's life
         self.prepared_for: ActiveStep | None = None
         self.starts: np.ndarray | None = None
         self.window = 0
         self._qo_indptr: dict[tuple[int, int], torch.Tensor] = {}
-
-    @torch.inference_mode(False)  # fixed buffers outlive the forward that creates them
-    def write_csr(self, step: ActiveStep, lengths: np.ndarray) -> FlashInferKvMetadata:
-        """Rewrite the fixed CSR for ``lengths``; reallocate it only when the batch changes or the rows' total
-        capacity in pages outgrows it."""
-        capacity_pages = int(step.capacity.sum()) // self.page_size
-        meta = self.meta
-        if meta is None or meta.batch_size != step.batch or capacity_pages > self.meta_capacity_pages:
-            meta = FlashInferKvMetadata(torch.zeros(step.batch + 1, dtype=torch.int32, device=self.device),
-                                        torch.zeros(capacity_pages, dtype=torch.int32, device=self.device),
-                                        torch.zeros(step.batch, dtype=torch.int32, device=self.device),
-                                        self.page_size)
-            self.meta, self.meta_capacity_pages, self.realloc = meta, capacity_pages, True
-            self._written_for = None  # fresh zeros: everything must be written
-        num_pages = -(-lengths // self.page_size)
-        last = np.where(lengths > 0, (lengths - 1) % self.page_size + 1, 0).astype(np.int32)
-        written = self._num_pages if self._written_for is step else None  # page counts the CSR holds now
-        if written is not None and np.array_equal(num_pages, written):
-            _copy_in(meta.last_page_len, last)  # only the last pages' fill changed: O(B)
-            return meta
-        first = 0 if written is None else int(np.argmax(num_pages != written))  # earlier rows keep their indices
-        indptr, indices, _ = csr_arrays(step.page_table32[first:], lengths[first:], self.page_size)
-        offset = int(self._indptr[first]) if first else 0
-        _copy_in(meta.indptr[first:], indptr + offset)
-        meta.indices[offset : offset + len(indices)].copy_(torch.from_numpy(indices))
-        _copy_in(meta.last_page_len, last)
-        self._written_for, self._num_pages = step, num_pages
-        self._indptr = np.concatenate([self._indptr[:first], indptr + offset]) if first else indptr
-        return meta
 
     @torch.inference_mode(False)  # fixed buffers outlive the forward that creates them
     def write_index(self, step: ActiveStep, starts: np.ndarray, window: int) -> None:
@@ -154,16 +210,20 @@ class VerifyGraphBuffers:
                              f"{self.starts.tolist()}")
         return self.index
 
-    def prepare(self, step: ActiveStep, kv_len: np.ndarray, cache_lens: Any, start_positions: Any, window_len: Any,
-                graph: bool) -> FlashInferKvMetadata:
-        """The write index of the windows plus, for a graph, the fixed verify CSR (and the windows count as
+    def prepare(self, step: ActiveStep, kv_len: np.ndarray, csr: GraphCsr | None, cache_lens: Any,
+                start_positions: Any, window_len: Any) -> FlashInferKvMetadata:
+        """The write index of the windows plus, for a graph (``csr`` given), the graph CSR (and the windows count as
         written), or, eagerly, the step CSR (the puts that follow write them)."""
         window = as_int(window_len, "window_len", minimum=1)
-        what = "prepare_verify_graph_step" if graph else "prepare_verify_step"
+        what = "prepare_verify_graph_step" if csr is not None else "prepare_verify_step"
         lengths, starts = step.window_lengths(cache_lens, start_positions, window, what)
-        meta = self.write_csr(step, lengths) if graph else step.csr.get(step.page_table32, lengths)[0]
+        meta: FlashInferKvMetadata
+        if csr is not None:
+            meta = self.meta = csr.write(step, lengths)
+        else:
+            meta = step.csr.get(step.page_table32, lengths)[0]
         self.write_index(step, starts, window)
-        if graph:
+        if csr is not None:
             step.advance_kv_len(kv_len, starts, window)
         return meta
 

@@ -53,8 +53,13 @@ class KvStore:
         self._v_raw = self.value_cache.view(torch.uint8) if self.is_fp8 else self.value_cache
         self._fp8_max = float(torch.finfo(dtype).max) if self.is_fp8 else 0.0
         self.head_shape = self.key_cache.shape[2:]  # torch.Size([Hkv, D])
+        self._buffer_ptrs: tuple[int, ...] = (self.key_cache.data_ptr(), self.value_cache.data_ptr())  # no aliases
         self._k_layers = list(self._k_raw.unbind(0))  # per-layer views, built once (put/get run per layer)
         self._v_layers = list(self._v_raw.unbind(0))
+        paged = (num_layers, num_slots // page_size, page_size, num_kv_heads, head_dim)
+        # Per-layer [num_pages, page_size, Hkv, D] views in the storage dtype (FlashInfer's NHD), for attention.
+        self.k_pages: list[torch.Tensor] = list(self.key_cache.view(paged).unbind(0))
+        self.v_pages: list[torch.Tensor] = list(self.value_cache.view(paged).unbind(0))
         self.page_bytes = page_size * num_kv_heads * head_dim * self.key_cache.element_size()
 
     # ------------------------------------------------------------------ token-level
@@ -72,9 +77,14 @@ class KvStore:
         return y * scale if scale != 1.0 else y
 
     def write(self, layer: int, slot_idx: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """``k``/``v`` are ``[N, Hkv, D]``; row i goes to slot ``slot_idx[i]`` of ``layer``."""
+        """``k``/``v`` are ``[N, Hkv, D]``; row i goes to slot ``slot_idx[i]`` of ``layer``. Nothing is checked here:
+        callers validate (a wrong shape or device raises from torch, K possibly written by then)."""
         self._k_layers[layer].index_copy_(0, slot_idx, self._encode(k.detach(), self.k_scale))
         self._v_layers[layer].index_copy_(0, slot_idx, self._encode(v.detach(), self.v_scale))
+
+    def aliases(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` shares memory with the K or V buffer (an index write from it would read what it writes)."""
+        return t.untyped_storage().data_ptr() in self._buffer_ptrs
 
     def read(self, layer: int, slot_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``[N, Hkv, D]`` gathers of K and V at ``slot_idx`` in the compute dtype."""
@@ -155,3 +165,5 @@ class KvStore:
         self.key_cache = self.value_cache = empty
         self._k_raw = self._v_raw = empty
         self._k_layers, self._v_layers = [], []
+        self.k_pages, self.v_pages = [], []
+        self._buffer_ptrs = ()

@@ -23,6 +23,8 @@ INDEX_CACHE_ENTRIES = 4  # a step's write window, its read, and a padded read fi
 
 
 def _capturing(device: torch.device) -> bool:
+    """Whether a CUDA-graph capture is recording on the current stream of ``device`` (host checks that would
+    synchronise are skipped then)."""
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
@@ -223,14 +225,21 @@ class ActiveStep:
                              + ("" if padded else "; use get_padded for rows of different capacity"))
         return length
 
-    def check_index(self, idx: Any, n: int, name: str) -> torch.Tensor:
-        """``idx`` checked as a precomputed slot index: an int64 tensor of shape ``[n]`` on the pool's device.
-        ValueError otherwise."""
+    def check_index(self, idx: Any, start: np.ndarray | int, length: int, name: str,
+                    clamp: bool = False) -> torch.Tensor:
+        """``idx`` checked as a caller's precomputed slot index of positions ``[start_b, start_b + length)``: an int64
+        tensor ``[B*length]`` on the pool's device equal to this step's own ``index(start, length, clamp)``, so it
+        reaches only the rows' own slots. ValueError otherwise. The value comparison is skipped only inside a
+        CUDA-graph capture (it would synchronise)."""
+        n = self.batch * length
         if not isinstance(idx, torch.Tensor) or idx.dtype != torch.int64 or idx.shape != (n,):
             got = f"{getattr(idx, 'dtype', type(idx).__name__)} {tuple(getattr(idx, 'shape', ()))}"
             raise ValueError(f"{name} must be an int64 tensor of shape [{n}], got {got}")
         if not self.on_device(idx):
             raise ValueError(f"{name} must be on the pool's device {self.device}, got {idx.device}")
+        if not _capturing(self.device) and not torch.equal(idx, self.index(start, length, clamp)):
+            raise ValueError(f"{name} is not the slot index of this window of the active step; compute it from the "
+                             f"pool (window_slot_indices) for this step, start and length")
         return idx
 
     # ------------------------------------------------------------------ K/V verbs
@@ -240,15 +249,10 @@ class ActiveStep:
             return t.is_cpu
         return same_device(t.device, self.device)
 
-    def write(self, kv: KvStore, kv_len: np.ndarray, layer: int, start_pos: Any, k: Any, v: Any,
-              slot_idx: Any, advance: bool = True, prepared: torch.Tensor | None = None) -> None:
-        """``put`` for this step: validate everything, write, then advance ``kv_len`` (a put at
-        ``start <= kv_len`` raises it to ``start + S``; one past it leaves a gap and moves nothing). The common
-        case (an int ``start_pos``) is checked with scalars only: this runs once per layer per step.
-
-        ``prepared`` is a fixed graph index buffer the pool prepared for this window (trusted); a caller's
-        ``slot_idx`` must equal this step's own index of the window (ValueError otherwise), so no put can reach a
-        slot outside the rows' private pages. The comparison is skipped only inside a CUDA-graph capture."""
+    def check_kv(self, kv: KvStore, k: Any, v: Any) -> int:
+        """The window length S of ``k``/``v`` for a put, after checking both: tensors ``[B, S, Hkv, D]`` of one
+        shape, floating point, on the pool's device, sharing no memory with the pool's buffers (an index write
+        from them would read what it writes). ValueError otherwise."""
         if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
             raise ValueError(f"k and v must be torch.Tensor [B, S, Hkv, D], got {type(k).__name__}, "
                              f"{type(v).__name__}")
@@ -261,40 +265,35 @@ class ActiveStep:
             raise ValueError(f"k and v must be floating point, got {k.dtype} and {v.dtype}")
         if not (self.on_device(k) and self.on_device(v)):
             raise ValueError(f"k and v must be on the pool's device {self.device}, got {k.device} and {v.device}")
-        seqlen = shape[1]
+        if kv.aliases(k) or kv.aliases(v):
+            raise ValueError("k and v must not share memory with the pool's K/V buffers (views of key_layer, "
+                             "value_layer, key_cache or value_cache); pass a copy (.clone())")
+        return int(shape[1])
+
+    def write_window(self, start_pos: Any, seqlen: int, what: str) -> np.ndarray | int:
+        """The starts of a write window ``[start, start + seqlen)``: KvCacheExhaustedError past a row's capacity,
+        ValueError below its matched prefix (tree-owned KV is never written). An int ``start_pos`` that passes every
+        check on scalars comes back as that int (one row's test, not B); anything else as ``int64[B]``."""
         if type(start_pos) is int and 0 <= start_pos and start_pos + seqlen <= self.min_capacity \
                 and start_pos >= self.max_matched:
-            start: np.ndarray | int = start_pos  # fast path: every check passed on scalars
-        else:
-            start = self.window(start_pos, seqlen, "put")
-            below = start < self.matched
-            if below.any():
-                b = int(np.argmax(below))
-                raise ValueError(f"put row {b} at start_pos={int(start[b])} is below its matched prefix "
-                                 f"({int(self.matched[b])} tokens, owned by the prefix tree); write from the "
-                                 f"matched length on")
-        n = self.batch * seqlen
-        if prepared is not None:
-            idx = prepared
-        elif slot_idx is not None:
-            idx = self.check_index(slot_idx, n, "slot_idx")
-            if not _capturing(self.device) and not torch.equal(idx, self.index(start, seqlen)):
-                raise ValueError("slot_idx is not window_slot_indices(start_pos, S) of the active step; compute it "
-                                 "from the pool for this step and window")
-        else:
-            idx = self.index(start, seqlen)
-        kv.write(layer, idx, k.reshape(n, *head_shape), v.reshape(n, *head_shape))
-        if advance:
-            self.advance_kv_len(kv_len, start, seqlen)
+            return start_pos
+        start = self.window(start_pos, seqlen, what)
+        below = start < self.matched
+        if below.any():
+            b = int(np.argmax(below))
+            raise ValueError(f"{what} row {b} at start_pos={int(start[b])} is below its matched prefix "
+                             f"({int(self.matched[b])} tokens, owned by the prefix tree); write from the matched "
+                             f"length on")
+        return start
 
     def start_of(self, start_pos: Any) -> np.ndarray:
-        """``start_pos`` (int or per row) as ``int64[B]``."""
+        """``start_pos`` (int or per row) as ``int64[B]``; ValueError for a negative or malformed one."""
         return as_positions(start_pos, "start_pos", self.batch)
 
     def advance_kv_len(self, kv_len: np.ndarray, start: np.ndarray | int, seqlen: int) -> None:
         """Record a write of ``[start, start + seqlen)``: a row with ``start <= kv_len`` gets ``kv_len = max(kv_len,
         start + seqlen)``; a write past ``kv_len`` leaves a gap and moves nothing."""
-        # Advancing kv_len is idempotent for a repeated window, so the layers after the first skip it.
+        # Advancing kv_len is idempotent for a repeated window, so repeated puts of one window skip it.
         window = (start, seqlen) if isinstance(start, int) else (start.tobytes(), seqlen)
         if window == self._last_window:
             return
@@ -309,12 +308,13 @@ class ActiveStep:
 
     def read(self, kv: KvStore, layer: int, length: Any, padded: bool = False,
              idx: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``get`` / ``get_padded`` for this step: ``[B, length, Hkv, D]`` in the compute dtype."""
+        """``get`` / ``get_padded`` for this step: ``[B, length, Hkv, D]`` in the compute dtype. A caller's ``idx`` must
+        be the read's own slot index (``check_index``); ValueError otherwise, before anything is read."""
         length = self.read_length(length, padded)
         if idx is None:
             idx = self.index(0, length, clamp=padded)
         else:
-            idx = self.check_index(idx, self.batch * length, "idx")
+            idx = self.check_index(idx, 0, length, "idx", clamp=padded)
         k, v = kv.read(layer, idx)
         shape = (self.batch, length, *kv.key_cache.shape[2:])
         return k.view(shape), v.view(shape)

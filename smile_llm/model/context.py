@@ -1,8 +1,9 @@
 """ForwardContext: everything one forward's attention needs, built once and shared by every layer.
 
-It binds the active step's write window (positions ``[start_b, start_b + S)`` of each row; the pool computes its slot
-index once and reuses it for every layer), the step CSR over ``[0, start_b + S)``, the planned attention backend and
-the rotary tables. Created by ``Transformer.forward`` for one call and dropped after it; nothing is module-global.
+It holds the forward's KV write handle (``KvCachePool.kv_step``: positions ``[start_b, start_b + S)`` of each row,
+validated once, with the write index and per-layer views), the step CSR over ``[0, start_b + S)``, the planned
+attention backend and the rotary tables. Created by ``Transformer.forward`` for one call and dropped after it;
+nothing is module-global.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 
 from ..attention.backend import AttentionBackend
-from ..cache import KvCachePool
+from ..cache import KvCachePool, KvStep
 
 
 class RopeTable:
@@ -48,8 +49,10 @@ class RopeTable:
 
 
 class ForwardContext:
-    """Per-forward state every layer shares: the pool and attention backend, start positions ``[B]`` and window length,
-    RoPE tables, the write-slot index and the step CSR. Created for one forward and dropped after it."""
+    """Per-forward state every layer shares: the attention backend, start positions ``[B]`` and window length, RoPE
+    tables, the step CSR and the forward's KV write handle (``kv``, one ``KvCachePool.kv_step``). Created for one
+    forward; ``commit`` once the forward has succeeded records its KV as written (a forward that raises never
+    commits, so ``kv_len`` never covers KV it did not compute)."""
 
     def __init__(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
                  rope: tuple[torch.Tensor, torch.Tensor], num_heads: int, num_kv_heads: int, head_dim: int,
@@ -58,39 +61,43 @@ class ForwardContext:
         self.backend = backend
         self.start = start  # int64[B]
         self.batch, self.seqlen = len(start), seqlen
-        self.page_size = pool.page_size
-        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
-        # An int start when every row starts at the same position takes put's scalar fast path; the pool caches
-        # the window's slot index on the first layer, so later layers reuse it.
-        self.put_start: int | np.ndarray = int(start[0]) if (start == start[0]).all() else start
+        self.head_dim = head_dim
         meta = pool.shared_flashinfer_metadata(start + seqlen)
+        self.kv: KvStep = pool.kv_step(_window_start(start), seqlen)
         qo_indptr = None
         if seqlen > 1:
             qo_indptr = torch.arange(0, (self.batch + 1) * seqlen, seqlen, dtype=torch.int32, device=pool.device)
         backend.plan(meta, num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      qo_indptr=qo_indptr, causal=True, q_dtype=dtype, kv_dtype=pool.dtype)
         self.cos, self.sin = rope  # [B, S, 1, head_dim] each
-        self.k_scale, self.v_scale = pool.k_scale, pool.v_scale
 
     @classmethod
     def prepared(cls, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
-                 cos: torch.Tensor, sin: torch.Tensor, num_kv_heads: int, head_dim: int) -> ForwardContext:
-        """A context over a backend the caller planned and RoPE tables it owns (static buffers of a CUDA graph);
-        builds no CSR and plans nothing."""
+                 cos: torch.Tensor, sin: torch.Tensor, head_dim: int, write_index: torch.Tensor) -> ForwardContext:
+        """A context over a backend the caller planned, RoPE tables it owns and the fixed write index the pool
+        prepared for these positions (``decode_graph_index`` / ``verify_graph_index``): the static buffers of a CUDA
+        graph. Builds no CSR and plans nothing."""
         ctx = cls.__new__(cls)
         ctx.pool, ctx.backend, ctx.start = pool, backend, start
         ctx.batch, ctx.seqlen = len(start), seqlen
-        ctx.page_size = pool.page_size
-        ctx.num_kv_heads, ctx.head_dim = num_kv_heads, head_dim
-        ctx.put_start = int(start[0]) if (start == start[0]).all() else start
+        ctx.head_dim = head_dim
+        ctx.kv = pool.kv_step(_window_start(start), seqlen, index=write_index)
         ctx.cos, ctx.sin = cos, sin
-        ctx.k_scale, ctx.v_scale = pool.k_scale, pool.v_scale
         return ctx
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Write this window's K/V into ``layer`` of the pool, then attend over the row's cache: ``[B*S, H, D]``."""
-        self.pool.put(layer, self.put_start, k, v)
-        shape = (-1, self.page_size, self.num_kv_heads, self.head_dim)
-        return self.backend.run(q.reshape(self.batch * self.seqlen, -1, self.head_dim),
-                                self.pool.key_layer(layer).view(shape), self.pool.value_layer(layer).view(shape),
-                                k_scale=self.k_scale, v_scale=self.v_scale)
+        """Write this window's K/V ``[B, S, Hkv, D]`` into ``layer`` of the pool, then attend over each row's cache:
+        ``[B*S, H, D]``."""
+        kv = self.kv
+        kv.write(layer, k, v)
+        return self.backend.run(q.reshape(self.batch * self.seqlen, -1, self.head_dim), kv.key_pages(layer),
+                                kv.value_pages(layer), k_scale=kv.k_scale, v_scale=kv.v_scale)
+
+    def commit(self) -> None:
+        """Record the forward's KV as written (``KvStep.commit``); call once, after the last layer succeeded."""
+        self.kv.commit()
+
+
+def _window_start(start: np.ndarray) -> int | np.ndarray:
+    """An int when every row starts at the same position (the pool validates it on scalars), else ``start``."""
+    return int(start[0]) if (start == start[0]).all() else start

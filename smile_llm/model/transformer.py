@@ -2,8 +2,9 @@
 
 ``forward`` runs one step for the active rows of a pool: ``tokens[b]`` are the tokens at positions
 ``[start_b, start_b + S)`` of row b (S the same for every row; the rows' starts may differ, so one code path
-serves batched prefill and ragged decode). K/V are written through ``pool.put`` and attention reads the pool
-through the backend with the step's shared CSR.
+serves batched prefill and ragged decode). Each forward's K/V go through one ``pool.kv_step`` handle (validated once,
+written by every layer, committed to ``kv_len`` only when the forward succeeded) and attention reads the pool through
+the backend with the step's shared CSR.
 """
 
 from __future__ import annotations
@@ -98,19 +99,23 @@ class Transformer(nn.Module):
         return self.run(tokens, self.context(pool, backend, start, tokens.shape[1]))
 
     def run(self, tokens: torch.Tensor, ctx: ForwardContext) -> ForwardOutput:
-        """The forward over a prepared context (CUDA-graph runners capture this with static buffers)."""
+        """The forward over a prepared context (CUDA-graph runners capture this with static buffers); commits the
+        context's KV write once every layer has run (a forward that raises records nothing)."""
         x = self.embed(tokens)
         for layer in self.model.layers:
             x = layer.forward(x, ctx)  # no hooks: skip Module.__call__ (see DecoderLayer.forward)
-        return ForwardOutput(self.logits(self.model.norm.forward(x)), x)
+        out = ForwardOutput(self.logits(self.model.norm.forward(x)), x)
+        ctx.commit()
+        return out
 
     @torch.inference_mode()
     def draft(self, tokens: torch.Tensor, hidden: torch.Tensor, start: np.ndarray, pool: KvCachePool,
               backend: AttentionBackend, cols: np.ndarray | None = None) -> DraftOutput:
         """One MTP step over the active rows of the MTP ``pool``: ``tokens`` int64 ``[B, S]`` are the next tokens
         and ``hidden`` ``[B, S, D]`` the hidden states of MTP positions ``start[b] + [0, S)``; their K/V are
-        written. Returns logits and head output at column ``cols[b]`` of each row (default: the last), so padded
-        columns after a row's real ones are never read. RuntimeError without an MTP head."""
+        written (committed to the MTP pool's ``kv_len`` when the step succeeded). Returns logits and head output at
+        column ``cols[b]`` of each row (default: the last), so padded columns after a row's real ones are never read.
+        RuntimeError without an MTP head."""
         if self.mtp is None:
             raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0); it cannot draft")
         ctx = self.context(pool, backend, start, tokens.shape[1])
@@ -119,4 +124,6 @@ class Transformer(nn.Module):
             last = x[:, -1]  # [B, D]
         else:
             last = x[torch.arange(x.shape[0], device=x.device), torch.from_numpy(cols).to(x.device)]
-        return DraftOutput(self.logits(self.mtp.norm.forward(last)), last)
+        out = DraftOutput(self.logits(self.mtp.norm.forward(last)), last)
+        ctx.commit()
+        return out

@@ -1,9 +1,9 @@
 """Backend choice and the FlashInfer backend's plumbing, on CPU.
 
-FlashInfer itself needs a GPU (tests/attention/test_flashinfer_cuda.py). Here a stand-in ``flashinfer`` module with
-the real wrappers' signatures (flashinfer-python 0.6/0.7: optional plan arguments keyword-only) records what the
-backend passes, so the argument names, the fixed CUDA-graph buffers, the kernel choice and the rows that see no key
-are checked without one.
+FlashInfer itself needs a GPU (tests/attention/test_flashinfer_cuda.py). Here the strict stand-in of
+``tests/flashinfer_fake.py`` (the real wrappers' signatures and checks, attention computed by the reference) records
+what the backend passes, so the argument names, the fixed CUDA-graph buffers, the kernel and kernel-family choice,
+the bound-CSR check and the rows that see no key are checked without one.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import textwrap
 import types
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,8 +21,11 @@ import torch
 
 import smile_llm.attention.flashinfer as fi_backend
 from smile_llm.attention import AttentionBackend, FlashInferBackend, select_backend
-from smile_llm.attention.flashinfer import INSTALL_HINT, import_flashinfer, kernel_supports, rows_without_keys
+from smile_llm.attention.flashinfer import (INSTALL_HINT, default_kernel_backend, import_flashinfer, kernel_supports,
+                                            rows_without_keys)
 from smile_llm.cache.metadata import FlashInferKvMetadata
+
+from ..flashinfer_fake import FakeFlashInfer, install
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -112,81 +115,9 @@ def test_rows_without_keys() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ stand-in
-class _Recorder:
-    wrappers: ClassVar[list[Any]] = []  # every stand-in wrapper made, in order (reset per test)
-
-
-class _FakeDecode:
-    """BatchDecodeWithPagedKVCacheWrapper's signatures (flashinfer-python 0.6.18 / 0.7.4)."""
-
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
-                 use_tensor_cores: bool = False, paged_kv_indptr_buffer: torch.Tensor | None = None,
-                 paged_kv_indices_buffer: torch.Tensor | None = None,
-                 paged_kv_last_page_len_buffer: torch.Tensor | None = None, backend: str = "auto",
-                 jit_args: Any = None) -> None:
-        self.init: dict[str, Any] = {
-            "workspace": float_workspace_buffer, "kv_layout": kv_layout, "use_cuda_graph": use_cuda_graph,
-            "use_tensor_cores": use_tensor_cores, "indptr": paged_kv_indptr_buffer, "indices": paged_kv_indices_buffer,
-            "last": paged_kv_last_page_len_buffer, "backend": backend}
-        self.plans: list[dict[str, Any]] = []
-        self.runs: list[dict[str, Any]] = []
-        _Recorder.wrappers.append(self)
-
-    def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor, num_qo_heads: int,
-             num_kv_heads: int, head_dim: int, page_size: int, *, pos_encoding_mode: str = "NONE",
-             window_left: int = -1, logits_soft_cap: float | None = None, q_data_type: Any = "float16",
-             kv_data_type: Any = None, sm_scale: float | None = None, non_blocking: bool = True) -> None:
-        self.plans.append({"indptr": indptr, "indices": indices, "last": last_page_len,
-                           "heads": (num_qo_heads, num_kv_heads), "head_dim": head_dim, "page_size": page_size,
-                           "logits_soft_cap": logits_soft_cap, "q_data_type": q_data_type,
-                           "kv_data_type": kv_data_type, "sm_scale": sm_scale})
-
-    def run(self, q: torch.Tensor, paged_kv_cache: Any, *args: Any, q_scale: float | None = None,
-            k_scale: float | None = None, v_scale: float | None = None, out: torch.Tensor | None = None,
-            lse: torch.Tensor | None = None, return_lse: bool = False) -> Any:
-        k, v = paged_kv_cache
-        self.runs.append({"q": q, "k": k, "v": v, "k_scale": k_scale, "v_scale": v_scale, "return_lse": return_lse})
-        o = torch.full_like(q, float("nan"))  # like rows the kernel leaves undefined
-        return (o, torch.full(q.shape[:2], float("nan"))) if return_lse else o
-
-
-class _FakePrefill(_FakeDecode):
-    """BatchPrefillWithPagedKVCacheWrapper's signatures (flashinfer-python 0.6.18 / 0.7.4)."""
-
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD", use_cuda_graph: bool = False,
-                 qo_indptr_buf: torch.Tensor | None = None, paged_kv_indptr_buf: torch.Tensor | None = None,
-                 paged_kv_indices_buf: torch.Tensor | None = None,
-                 paged_kv_last_page_len_buf: torch.Tensor | None = None, custom_mask_buf: Any = None,
-                 mask_indptr_buf: Any = None, backend: str = "auto", jit_args: Any = None) -> None:
-        super().__init__(float_workspace_buffer, kv_layout, use_cuda_graph, False, paged_kv_indptr_buf,
-                         paged_kv_indices_buf, paged_kv_last_page_len_buf, backend)
-        self.init["qo_indptr"] = qo_indptr_buf
-
-    def plan(  # type: ignore[override]
-            self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor, paged_kv_indices: torch.Tensor,
-            paged_kv_last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
-            page_size: int, head_dim_vo: int | None = None, custom_mask: Any = None, packed_custom_mask: Any = None,
-            causal: bool = False, pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-            sm_scale: float | None = None, window_left: int = -1, logits_soft_cap: float | None = None,
-            rope_scale: float | None = None, rope_theta: float | None = None, q_data_type: Any = "float16",
-            kv_data_type: Any = None) -> None:
-        super().plan(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
-                     head_dim_qk, page_size, logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
-                     kv_data_type=kv_data_type, sm_scale=sm_scale)
-        self.plans[-1].update(qo_indptr=qo_indptr, causal=causal)
-
-
 @pytest.fixture
-def fake_flashinfer(monkeypatch: pytest.MonkeyPatch) -> type[_Recorder]:
-    module = types.ModuleType("flashinfer")
-    module.BatchDecodeWithPagedKVCacheWrapper = _FakeDecode  # type: ignore[attr-defined]
-    module.BatchPrefillWithPagedKVCacheWrapper = _FakePrefill  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "flashinfer", module)
-    monkeypatch.setattr(fi_backend, "_check_cuda_device", lambda device: None)
-    monkeypatch.setattr(fi_backend, "WORKSPACE_BYTES", 1024)
-    monkeypatch.setattr(fi_backend, "_workspaces", {})
-    monkeypatch.setattr(_Recorder, "wrappers", [])
-    return _Recorder
+def fake_flashinfer(monkeypatch: pytest.MonkeyPatch) -> type[FakeFlashInfer]:
+    return install(monkeypatch)
 
 
 def _csr(lengths: list[int], page_size: int) -> FlashInferKvMetadata:
@@ -206,7 +137,7 @@ def _cache(num_pages: int, page_size: int, hkv: int, d: int, dtype: torch.dtype)
     return torch.zeros(num_pages * page_size, hkv, d).to(dtype)  # the pool's [num_slots, Hkv, D] view
 
 
-def test_decode_plans_the_decode_wrapper_with_keyword_arguments(fake_flashinfer: type[_Recorder]) -> None:
+def test_decode_plans_the_decode_wrapper_with_keyword_arguments(fake_flashinfer: type[FakeFlashInfer]) -> None:
     backend = FlashInferBackend("cpu")
     meta = _csr([5, 9], 4)
     backend.plan(meta, num_qo_heads=2, num_kv_heads=2, head_dim=8, sm_scale=0.25, logits_soft_cap=0.0,
@@ -230,7 +161,7 @@ def test_decode_plans_the_decode_wrapper_with_keyword_arguments(fake_flashinfer:
     assert out.shape == (2, 2, 8)
 
 
-def test_decode_uses_tensor_cores_for_groups_of_four_or_fp8_kv(fake_flashinfer: type[_Recorder]) -> None:
+def test_decode_uses_tensor_cores_for_groups_of_four_or_fp8_kv(fake_flashinfer: type[FakeFlashInfer]) -> None:
     backend = FlashInferBackend("cpu")
     meta = _csr([5], 4)
     backend.plan(meta, num_qo_heads=8, num_kv_heads=2, head_dim=8, q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
@@ -244,18 +175,18 @@ def test_decode_uses_tensor_cores_for_groups_of_four_or_fp8_kv(fake_flashinfer: 
     assert len(fake_flashinfer.wrappers[0].plans) == 2
 
 
-def test_fp8_scales_reach_the_kernel(fake_flashinfer: type[_Recorder]) -> None:
+def test_fp8_scales_reach_the_kernel(fake_flashinfer: type[FakeFlashInfer]) -> None:
     backend = FlashInferBackend("cpu")
     backend.plan(_csr([5], 4), num_qo_heads=2, num_kv_heads=1, head_dim=8, q_dtype=torch.bfloat16,
                  kv_dtype=torch.float8_e4m3fn)
-    cache = _cache(4, 4, 1, 8, torch.float8_e4m3fn)
+    cache = _cache(8, 4, 1, 8, torch.float8_e4m3fn)
     backend.run(torch.zeros(1, 2, 8, dtype=torch.bfloat16), cache, cache, k_scale=0.5, v_scale=2.0)
     run = fake_flashinfer.wrappers[0].runs[0]
     assert (run["k_scale"], run["v_scale"]) == (0.5, 2.0)
     assert fake_flashinfer.wrappers[0].plans[0]["kv_data_type"] == torch.float8_e4m3fn
 
 
-def test_prefill_plans_causal_ragged_windows(fake_flashinfer: type[_Recorder]) -> None:
+def test_prefill_plans_causal_ragged_windows(fake_flashinfer: type[FakeFlashInfer]) -> None:
     backend = FlashInferBackend("cpu")
     meta = _csr([7, 12], 4)
     qo = torch.tensor([0, 3, 5], dtype=torch.int32)
@@ -264,9 +195,10 @@ def test_prefill_plans_causal_ragged_windows(fake_flashinfer: type[_Recorder]) -
     assert backend.kernel == "prefill"
     (w,) = fake_flashinfer.wrappers
     plan = w.plans[0]
-    assert plan["qo_indptr"] is qo and plan["causal"] is True and plan["logits_soft_cap"] == 30.0
+    assert plan["qo_indptr"].tolist() == [0, 3, 5] and plan["qo_indptr"].device.type == "cpu"  # read on the host
+    assert plan["causal"] is True and plan["logits_soft_cap"] == 30.0
     assert w.init["backend"] == "fa2" and w.init["use_cuda_graph"] is False
-    cache = _cache(8, 4, 2, 8, torch.bfloat16)
+    cache = _cache(12, 4, 2, 8, torch.bfloat16)
     out, lse = backend.run(torch.zeros(5, 4, 8, dtype=torch.bfloat16), cache, cache, return_lse=True)
     assert out.shape == (5, 4, 8) and lse.shape == (5, 4)
     with pytest.raises(ValueError, match=r"q must be \[total_q, Hq, D\]"):
@@ -280,23 +212,23 @@ def test_prefill_plans_causal_ragged_windows(fake_flashinfer: type[_Recorder]) -
     assert w.plans[-1]["qo_indptr"].dtype == torch.int32 and w.plans[-1]["qo_indptr"].tolist() == [0, 3, 5]
 
 
-def test_rows_that_see_no_key_come_out_zero_with_minus_inf_lse(fake_flashinfer: type[_Recorder]) -> None:
+def test_rows_that_see_no_key_come_out_zero_with_minus_inf_lse(fake_flashinfer: type[FakeFlashInfer]) -> None:
     backend = FlashInferBackend("cpu")
     cache = _cache(8, 4, 1, 8, torch.float16)
     backend.plan(_csr([5, 0, 3], 4), num_qo_heads=1, num_kv_heads=1, head_dim=8, q_dtype=torch.float16,
                  kv_dtype=torch.float16)
     out, lse = backend.run(torch.zeros(3, 1, 8, dtype=torch.float16), cache, cache, return_lse=True)
     assert torch.equal(out[1], torch.zeros(1, 8, dtype=torch.float16)) and lse[1].item() == float("-inf")
-    assert out[[0, 2]].isnan().all() and lse[[0, 2]].isnan().all()  # real rows: whatever the kernel wrote
+    assert out[[0, 2]].isfinite().all() and lse[[0, 2]].isfinite().all()  # real rows: what the kernel wrote
 
     qo = torch.tensor([0, 2, 6], dtype=torch.int32)  # row 1: 4 queries over 3 keys; its first sees none
     backend.plan(_csr([5, 3], 4), num_qo_heads=1, num_kv_heads=1, head_dim=8, qo_indptr=qo, q_dtype=torch.float16,
                  kv_dtype=torch.float16)
     out = backend.run(torch.zeros(6, 1, 8, dtype=torch.float16), cache, cache)
-    assert out[2].eq(0).all() and out[[0, 1, 3, 4, 5]].isnan().all()
+    assert out[2].eq(0).all() and out[[0, 1, 3, 4, 5]].isfinite().all()
 
 
-def test_verify_graph_backend_wraps_the_fixed_buffers(fake_flashinfer: type[_Recorder]) -> None:
+def test_verify_graph_backend_wraps_the_fixed_buffers(fake_flashinfer: type[FakeFlashInfer]) -> None:
     meta = _csr([9, 14], 4)
     qo = torch.tensor([0, 3, 6], dtype=torch.int32)
     backend = FlashInferBackend("cpu", use_cuda_graph=True, fixed_meta=meta, fixed_qo_indptr=qo)
@@ -306,8 +238,17 @@ def test_verify_graph_backend_wraps_the_fixed_buffers(fake_flashinfer: type[_Rec
     assert w.init["use_cuda_graph"] is True and w.init["qo_indptr"] is qo
     assert w.init["indptr"] is meta.indptr and w.init["indices"] is meta.indices
     assert w.init["last"] is meta.last_page_len
-    assert w.plans[0]["qo_indptr"] is qo  # qo_indptr defaults to the fixed one
+    assert w.plans[0]["qo_indptr"].tolist() == qo.tolist()  # qo_indptr defaults to the fixed one (read on the host)
     assert backend.is_bound_to(meta) and not backend.is_bound_to(_csr([9, 14], 4))
+    other = _csr([9, 14], 4)
+    other.indices.fill_(1)
+    with pytest.raises(ValueError, match="FlashInfer would copy another one over it"):
+        backend.plan(other, num_qo_heads=4, num_kv_heads=2, head_dim=8, q_dtype=torch.bfloat16,
+                     kv_dtype=torch.bfloat16)
+    assert meta.indices.tolist() == [3, 4, 5, 6, 7, 8, 9, 10]  # the fixed CSR was not overwritten
+    with pytest.raises(ValueError, match="fixed qo_indptr"):
+        backend.plan(meta, num_qo_heads=4, num_kv_heads=2, head_dim=8, qo_indptr=qo.clone(),
+                     q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
 
     meta.last_page_len.copy_(torch.tensor([2, 3], dtype=torch.int32))  # the pool rewrites in place: plan again
     backend.plan(meta, num_qo_heads=4, num_kv_heads=2, head_dim=8, qo_indptr=qo, q_dtype=torch.bfloat16,
@@ -320,21 +261,49 @@ def test_verify_graph_backend_wraps_the_fixed_buffers(fake_flashinfer: type[_Rec
         backend.plan(meta, num_qo_heads=4, num_kv_heads=2, head_dim=8, q_dtype=torch.float32, kv_dtype=torch.float32)
 
 
-def test_decode_graph_backend_refuses_rows_without_keys_and_query_windows(fake_flashinfer: type[_Recorder]) -> None:
+def test_decode_graph_backend_refuses_rows_without_keys_and_query_windows(fake_flashinfer: type[FakeFlashInfer]) -> None:
     meta = _csr([9, 14], 4)
     backend = FlashInferBackend("cpu", use_cuda_graph=True, fixed_meta=meta)
     with pytest.raises(ValueError, match="built for decode"):
         backend.plan(meta, num_qo_heads=2, num_kv_heads=2, head_dim=8, qo_indptr=torch.tensor([0, 1, 2]).int(),
                      q_dtype=torch.float16, kv_dtype=torch.float16)
-    with pytest.raises(ValueError, match="see no key"):
-        backend.plan(_csr([9, 0], 4), num_qo_heads=2, num_kv_heads=2, head_dim=8, q_dtype=torch.float16,
+    with pytest.raises(ValueError, match="plan it with that CSR"):
+        backend.plan(_csr([9, 14], 4), num_qo_heads=2, num_kv_heads=2, head_dim=8, q_dtype=torch.float16,
                      kv_dtype=torch.float16)
+    meta.indptr[2], meta.last_page_len[1] = 3, 0  # row 1 empty, in place
+    with pytest.raises(ValueError, match="see no key"):
+        backend.plan(meta, num_qo_heads=2, num_kv_heads=2, head_dim=8, q_dtype=torch.float16, kv_dtype=torch.float16)
+    meta.indptr[2], meta.last_page_len[1] = 7, 2
     backend.plan(meta, num_qo_heads=2, num_kv_heads=2, head_dim=8, q_dtype=torch.float16, kv_dtype=torch.float16)
     (w,) = fake_flashinfer.wrappers
     assert w.init["use_cuda_graph"] is True and w.init["indptr"] is meta.indptr and w.init["backend"] == "fa2"
+    with pytest.raises(ValueError, match="batch size should be fixed"):  # the stand-in is as strict as FlashInfer
+        w.plan(meta.indptr[:2], meta.indices, meta.last_page_len[:1], 2, 2, 8, 4)
 
 
-def test_float32_falls_back_to_the_reference_kernel(fake_flashinfer: type[_Recorder]) -> None:
+def test_kernel_family_follows_the_compute_capability(fake_flashinfer: type[FakeFlashInfer],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    hopper, ampere = (9, 0), (8, 0)
+    assert default_kernel_backend("prefill", hopper, torch.bfloat16, torch.bfloat16) == "fa3"
+    assert default_kernel_backend("prefill", hopper, torch.bfloat16, torch.float8_e4m3fn) == "fa2"  # no mixed fa3
+    assert default_kernel_backend("decode_tc", hopper, torch.bfloat16, torch.bfloat16) == "fa2"
+    assert default_kernel_backend("prefill", ampere, torch.bfloat16, torch.bfloat16) == "fa2"
+    assert default_kernel_backend("prefill", None, torch.bfloat16, torch.bfloat16) == "fa2"
+    monkeypatch.setattr(fi_backend, "compute_capability", lambda device: hopper)
+    backend = FlashInferBackend("cpu")
+    qo = torch.tensor([0, 3, 5], dtype=torch.int32)
+    for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.bfloat16):
+        backend.plan(_csr([7, 12], 4), num_qo_heads=4, num_kv_heads=2, head_dim=8, qo_indptr=qo,
+                     q_dtype=torch.bfloat16, kv_dtype=kv_dtype)
+    assert [w.init["backend"] for w in fake_flashinfer.wrappers] == ["fa3", "fa2"]  # one wrapper per family
+    assert len(fake_flashinfer.wrappers[0].plans) == 2
+    forced = FlashInferBackend("cpu", kernel_backend="fa2")
+    forced.plan(_csr([7, 12], 4), num_qo_heads=4, num_kv_heads=2, head_dim=8, qo_indptr=qo, q_dtype=torch.bfloat16,
+                kv_dtype=torch.bfloat16)
+    assert fake_flashinfer.wrappers[-1].init["backend"] == "fa2"
+
+
+def test_float32_falls_back_to_the_reference_kernel(fake_flashinfer: type[FakeFlashInfer]) -> None:
     from smile_llm.attention import paged_attention
 
     backend = FlashInferBackend("cpu")
@@ -350,7 +319,7 @@ def test_float32_falls_back_to_the_reference_kernel(fake_flashinfer: type[_Recor
         assert torch.equal(out, want) and torch.equal(lse, want_lse)
 
 
-def test_bad_arguments_raise_value_errors(fake_flashinfer: type[_Recorder]) -> None:
+def test_bad_arguments_raise_value_errors(fake_flashinfer: type[FakeFlashInfer]) -> None:
     backend = FlashInferBackend("cpu")
     with pytest.raises(RuntimeError, match="before plan"):
         backend.run(torch.zeros(1, 1, 8), torch.zeros(4, 1, 8), torch.zeros(4, 1, 8))

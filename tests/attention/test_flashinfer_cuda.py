@@ -2,8 +2,9 @@
 
 Every test is marked ``cuda`` and skipped unless CUDA and flashinfer are both available; ``scripts/gpu_check.sh``
 runs them on a GPU machine. Head dim 128 and a small set of dtype/option combinations keep FlashInfer's JIT builds
-to six modules: CUDA-core decode fp16 and bf16; prefill (also tensor-core decode) fp16, bf16, fp16 with a soft cap,
-and bf16 queries over FP8 KV.
+to eight modules (``scripts/gpu_check.sh`` builds exactly these first): CUDA-core decode fp16 and bf16; the fa2
+prefill kernel (also tensor-core decode) fp16, bf16, fp16 with a soft cap, and bf16 queries over FP8 KV; and, on
+Hopper, where the prefill wrapper takes fa3, fa3 prefill fp16 and bf16 (the soft-cap test forces fa2).
 
 Pages are handed out in a shuffled order, so rows are scattered over the cache and a kernel that ignored
 ``indices`` would fail. Tolerances: fp16/bf16 ``rtol = atol = 2e-2`` (the reference accumulates the same inputs in
@@ -106,8 +107,8 @@ def _assert_matches(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Te
 
 
 def _eager_check(pool: KvCachePool, meta: FlashInferKvMetadata, q: torch.Tensor, kernel: str,
-                 **plan_kwargs: Any) -> None:
-    backend = FlashInferBackend(DEVICE)
+                 kernel_backend: str | None = None, **plan_kwargs: Any) -> None:
+    backend = FlashInferBackend(DEVICE, kernel_backend=kernel_backend)
     _plan(backend, pool, meta, q, **plan_kwargs)
     assert backend.kernel == kernel
     got = _run(backend, pool, q)
@@ -195,7 +196,7 @@ def test_logits_soft_cap_matches_reference(kernel: str) -> None:
     rows = 4 if kernel == "decode_tc" else sum(qo_lens)
     q = _randn((rows, NUM_KV_HEADS * 4, HEAD_DIM), torch.float16, gen, scale=4.0)  # logits ~ N(0, 16): cap bites
     extra: dict[str, Any] = {} if kernel == "decode_tc" else {"qo_indptr": _qo_indptr(qo_lens)}
-    _eager_check(pool, meta, q, kernel, logits_soft_cap=5.0, **extra)
+    _eager_check(pool, meta, q, kernel, "fa2", logits_soft_cap=5.0, **extra)
 
 
 @pytest.mark.parametrize("kernel", ["decode_tc", "prefill"])
@@ -296,19 +297,20 @@ def test_verify_graph_replay_is_bit_exact_across_page_growth() -> None:
 
 
 @pytest.mark.parametrize("group", [1, 4])
-def test_decode_graph_replay_across_a_within_page_bump(group: int) -> None:
-    """The decode step CSR is bumped in place while rows stay inside a page: one capture replays every step;
-    crossing a page boundary rebuilds the CSR, and the backend reports it is no longer bound to it."""
+def test_decode_graph_replay_across_page_boundaries(group: int) -> None:
+    """The graph CSR is rewritten in place at every step, page boundaries included (its indices are sized for the
+    pool's full page count): one capture replays every step, and the backend stays bound to it."""
     page_size, batch, prompt, dtype = 16, 2, 17, torch.float16
     gen = torch.Generator(device=DEVICE).manual_seed(9)
     pool = _pool(page_size, 2 * 64 // page_size + 4, dtype)
     _bind_and_write(pool, batch, prompt, 64, gen)
     pool.decode_graph_buffers = True
+    pool.reserve_graph_rows(batch)
     k_layer, v_layer = _layers(pool)
     q_static = torch.zeros(batch, NUM_KV_HEADS * group, HEAD_DIM, dtype=dtype, device=DEVICE)
     backend: FlashInferBackend | None = None
     captured: _CapturedRun | None = None
-    for pos in range(prompt, 2 * page_size):  # cache_len 18 .. 32: two pages throughout
+    for pos in range(prompt, 3 * page_size):  # cache_len 18 .. 48: into a third page
         pool.prepare_decode_graph_step(pos + 1, [pos] * batch)
         shape = (batch, 1, NUM_KV_HEADS, HEAD_DIM)
         pool.put(0, pos, _randn(shape, dtype, gen), _randn(shape, dtype, gen))
@@ -317,7 +319,7 @@ def test_decode_graph_replay_across_a_within_page_bump(group: int) -> None:
         q_static.copy_(_randn(tuple(q_static.shape), dtype, gen))
         if backend is None:
             backend = FlashInferBackend.for_decode_graph(pool, batch)
-        assert backend.is_bound_to(meta), f"position {pos}: the step CSR moved inside a page"
+        assert backend.is_bound_to(meta), f"position {pos}: the graph CSR moved"
         backend.plan(meta, num_qo_heads=q_static.shape[1], num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
                      q_dtype=dtype, kv_dtype=dtype)
         if captured is None:
@@ -328,6 +330,4 @@ def test_decode_graph_replay_across_a_within_page_bump(group: int) -> None:
         assert torch.equal(replayed, backend.run(q_static, k_layer, v_layer)), f"position {pos}: replay != eager"
         ref_out, _ = _reference(pool, q_static, meta)
         torch.testing.assert_close(replayed.float(), ref_out.float(), rtol=2e-2, atol=2e-2)
-    assert backend is not None
-    pool.prepare_decode_graph_step(2 * page_size + 1, [2 * page_size] * batch)  # a third page: rebuilt
-    assert not backend.is_bound_to(pool.decode_graph_metadata(batch))
+    assert backend is not None and backend.is_bound_to(pool.decode_graph_metadata(batch))

@@ -152,6 +152,52 @@ def test_put_and_get_padded_reject_bad_precomputed_indices(pool: KvCachePool) ->
         expect_unchanged(pool, ValueError, pool.get_padded, 0, 1, bad.repeat(2) if hasattr(bad, "repeat") else bad)
 
 
+def test_get_padded_rejects_an_index_of_other_slots(pool: KvCachePool) -> None:
+    own = torch.from_numpy(pool.window_slot_indices(0, 4))
+    for bad in (own + 64, own - own - 1, torch.full_like(own, 63), own.flip(0)):  # past the pool, or not this read's
+        expect_unchanged(pool, ValueError, pool.get_padded, 0, 4, bad, match="idx is not the slot index")
+    k, v = pool.get_padded(0, 4, own)  # the read's own slots are taken
+    assert torch.equal(k, pool.get(0, 4)[0]) and torch.equal(v, pool.get(0, 4)[1])
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("which", ["v", "k", "both"])
+@pytest.mark.parametrize("buffer", ["key_layer", "value_layer", "key_cache", "value_cache"])
+def test_put_refuses_k_or_v_aliasing_the_pools_buffers(pool: KvCachePool, which: str, buffer: str) -> None:
+    view = getattr(pool, buffer)(1) if buffer.endswith("layer") else getattr(pool, buffer)[1]
+    slot = int(pool.window_slot_indices(11, 1)[0])
+    alias = view[slot : slot + 1].view(1, 1, 1, 2)  # the very slot the put writes (layer 1, position 11)
+    k, v = (alias if which in ("k", "both") else torch.full((1, 1, 1, 2), 3.0),
+            alias if which in ("v", "both") else torch.full((1, 1, 1, 2), 4.0))
+    expect_unchanged(pool, ValueError, pool.put, 1, 11, k, v, match="share memory with the pool")
+    k, v = k.clone(), v.clone()
+    pool.put(1, 11, k, v)  # a copy is fine
+    assert pool.kv_len(pool.test_rid) == 12
+    got_k, got_v = pool.get(1, 12)
+    # the aliased slot still held the fixture's poison (NaN): compare bytes
+    assert torch.equal(got_k[:, 11:].view(torch.uint8), k.view(torch.uint8))
+    assert torch.equal(got_v[:, 11:].view(torch.uint8), v.view(torch.uint8))
+    pool.check_invariants()
+
+
+@pytest.mark.parametrize("device", ["bogus", 42, None, 1.5, "meta", torch.device("meta")])
+def test_a_bogus_device_is_a_value_error_naming_device(device: object) -> None:
+    with pytest.raises(ValueError, match="device"):
+        KvCachePool(1, 16, 1, 2, 4, device=device)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present here")
+def test_a_missing_accelerator_is_a_value_error_naming_device() -> None:
+    from smile_llm.cache import KvCacheLayout
+
+    with pytest.raises(ValueError, match="device 'cuda' is not available"):
+        KvCachePool(1, 16, 1, 2, 4, device="cuda")
+    with pytest.raises(ValueError, match="device"):
+        KvCachePool.allocate(KvCacheLayout(1, 1, 2, 1, 16), "cuda:0")
+    with pytest.raises(ValueError, match="device"):
+        KvCachePool.for_mtp_history(KvCacheLayout(1, 1, 2, 1, 16), "bogus", torch.float32, 4, 16)
+
+
 def test_reads_past_capacity(pool: KvCachePool) -> None:
     expect_unchanged(pool, ValueError, pool.get, 0, 17, match="exceeds bound request capacity 16")
     expect_unchanged(pool, ValueError, pool.get, 0, -1)

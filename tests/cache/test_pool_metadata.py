@@ -219,7 +219,7 @@ def test_ragged_truncate_zeroes_each_row_tail() -> None:
     assert meta.last_page_len.tolist() == [9, 11] and pool.shared_flashinfer_metadata([9, 11]) is meta
 
 
-def test_decode_graph_step_writes_through_the_fixed_index_and_bumps_in_place() -> None:
+def test_decode_graph_step_writes_through_the_fixed_index_and_the_graph_csr_in_place() -> None:
     pool = pool16(128)
     ids = [pool.bind_request([1], 48), pool.bind_request([2], 48)]
     pool.activate_step(*ids)
@@ -238,9 +238,10 @@ def test_decode_graph_step_writes_through_the_fixed_index_and_bumps_in_place() -
         assert ptrs(meta) == addresses and pool._decode.index.data_ptr() == index_ptr
     k, _ = pool.get(0, 32)
     assert k[:, 20:, 0, 0].tolist() == [[5.0] + [float(s) for s in range(21, 32)]] * 2
-    assert ptrs(pool.prepare_decode_graph_step(33, 32)) != addresses  # page 3: rebuilt
+    assert ptrs(pool.prepare_decode_graph_step(33, 32)) == addresses  # page 3: the graph CSR never moves
+    assert pool.decode_graph_metadata(2).indptr.tolist() == [0, 3, 6]
     expect_unchanged(pool, ValueError, pool.put, 0, 31, ones(2, 1), ones(2, 1), match="prepared for positions")
-    expect_unchanged(pool, RuntimeError, pool.decode_graph_metadata, 3, match="batch 3")
+    expect_unchanged(pool, RuntimeError, pool.decode_graph_metadata, 3, match="batch 3")  # 2 rows reserved
     expect_unchanged(pool, ValueError, pool.prepare_decode_graph_step, 34, 32, match="must equal")
     pool.activate_step(ids[0])
     expect_unchanged(pool, RuntimeError, pool.put, 0, 33, ones(1, 1), ones(1, 1), match="prepare_decode_graph_step")
@@ -252,7 +253,8 @@ def test_prefetch_capture_writes_only_scratch_slots() -> None:
     pool.activate_step(*ids)
     pool.put(0, 0, ones(2, 30), ones(2, 30))
     pool.decode_graph_buffers = True
-    live = pool.prepare_decode_graph_step(31, 30)
+    pool.prepare_decode_graph_step(31, 30)
+    live = pool.shared_flashinfer_metadata(31)
     pool.put(0, 30, ones(2, 1, 2.0), ones(2, 1, 2.0))
     before = pool.key_cache.clone()
     kv_before = [pool.kv_len(i) for i in ids]
@@ -313,7 +315,7 @@ def test_verify_graph_csr_keeps_its_address_across_page_growth() -> None:
     meta = pool.prepare_verify_graph_step(14, 10, 4)
     assert pool.consume_verify_graph_meta_realloc() is True and pool.consume_verify_graph_meta_realloc() is False
     addresses = ptrs(meta)
-    assert meta.indices.shape == (4 + 3,)  # sum of the rows' capacity in pages
+    assert meta.indices.shape == (2 * 16,)  # every row at the pool's full page count
     index_ptr = pool._verify.index.data_ptr()
     for start in range(14, 44, 4):  # grows from 1 to 3 pages per row
         meta = pool.prepare_verify_graph_step([start + 4, start + 4], [start, start], 4)
@@ -328,9 +330,12 @@ def test_verify_graph_csr_keeps_its_address_across_page_growth() -> None:
     assert ragged.last_page_len.tolist() == [15, 14]
     qo = pool.verify_qo_indptr(2, 4)
     assert qo.tolist() == [0, 4, 8] and qo.dtype == torch.int32 and pool.verify_qo_indptr(2, 4) is qo
-    pool.activate_step(ids[0])  # the batch changes: the verify CSR moves, and says so
-    pool.prepare_verify_graph_step(51, 47, 4)
-    assert pool.consume_verify_graph_meta_realloc() is True and pool.verify_qo_indptr(2, 4) is qo
+    pool.activate_step(ids[0])  # the batch changes: the leading row of the same buffers
+    one = pool.prepare_verify_graph_step(51, 47, 4)
+    assert pool.consume_verify_graph_meta_realloc() is False and pool.verify_qo_indptr(2, 4) is qo
+    assert one.indices.data_ptr() == addresses[1] and one.indptr.tolist() == [0, 4]
+    pool.reserve_graph_rows(3)  # more rows: the graph CSR moves, and says so
+    assert pool.consume_verify_graph_meta_realloc() is True
     pool.check_invariants()
 
 
@@ -464,7 +469,7 @@ def test_write_indices_and_qo_indptr_are_fixed_per_shape_for_the_pool_life() -> 
     assert decode2.tolist() == pool.window_slot_indices(9, 1).tolist()
 
 
-def test_verify_csr_realloc_is_reported_when_the_rows_outgrow_it() -> None:
+def test_graph_csr_moves_only_when_more_rows_are_reserved() -> None:
     pool = pool16(512)
     small = [pool.bind_request([1], 32), pool.bind_request([2], 32)]
     large = [pool.bind_request([3], 64), pool.bind_request([4], 64)]
@@ -472,9 +477,11 @@ def test_verify_csr_realloc_is_reported_when_the_rows_outgrow_it() -> None:
     pool.activate_step(*small)
     first = ptrs(pool.prepare_verify_graph_step(4, 0, 4))
     assert pool.consume_verify_graph_meta_realloc() is True
-    pool.activate_step(*smaller)  # same batch, less capacity: the buffers are reused
-    assert ptrs(pool.prepare_verify_graph_step(4, 0, 4)) == first and not pool.consume_verify_graph_meta_realloc()
-    pool.activate_step(*large)  # same batch, more capacity in pages: moved, and reported
+    for rows in (smaller, large):  # any capacity: the same buffers
+        pool.activate_step(*rows)
+        assert ptrs(pool.prepare_verify_graph_step(4, 0, 4)) == first and not pool.consume_verify_graph_meta_realloc()
+        assert ptrs(pool.prepare_decode_graph_step(5, 4)) == first
+    pool.activate_step(*(large + small[:1]))  # three rows: moved, and reported
     assert ptrs(pool.prepare_verify_graph_step(4, 0, 4)) != first and pool.consume_verify_graph_meta_realloc()
 
 
