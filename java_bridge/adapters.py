@@ -21,7 +21,6 @@ import torch
 from jpype import JArray, JClass, JFloat, JImplements, JInt
 
 from smile_llm.cache import KvCacheLayout, KvCachePool
-from smile_llm.cache.binder import PREFIX_NAMESPACE
 from smile_llm.model import LanguageModel
 
 from .errors import bridged
@@ -86,9 +85,7 @@ class RadixCacheAdapter:
     def matchPrefix(self, tokens: Any) -> np.ndarray:  # noqa: N802 - Java names
         """Java ``int[] matchPrefix(int[] tokens)``: the slot ids of the longest cached page-aligned prefix, without
         splitting nodes, locking or touching LRU times (changes nothing)."""
-        segments = self._pool.radix.peek_prefix(_ints(tokens), PREFIX_NAMESPACE)  # changes nothing
-        parts = [seg.node.value[: seg.matched] for seg in segments if seg.node.value is not None]
-        return np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, dtype=np.int32)
+        return self._pool.peek_prefix_slots(_ints(tokens)).astype(np.int32)  # changes nothing
 
     def totalSize(self) -> int:  # noqa: N802
         """Java ``totalSize()``: cached tokens."""

@@ -20,7 +20,7 @@ import torch
 
 from .. import env
 from . import audit, factories
-from .binder import Binder
+from .binder import PREFIX_NAMESPACE, Binder
 from .bindings import Binding, BindingTable
 from .graph_buffers import DecodeGraphBuffers, GraphCsr, GraphStepCsr, PrefetchState, VerifyGraphBuffers
 from .metadata import FlashInferKvMetadata, build_csr
@@ -791,6 +791,14 @@ class KvCachePool:
                 f"restore of request {b.request_id} needs {handle.num_private_pages} pages, have "
                 f"{self._exhausted_detail()}; finish or offload other requests")
         self._binder.restore(b, handle)
+
+    @_locked
+    def peek_prefix_slots(self, tokens: Any) -> np.ndarray:
+        """Slot ids (int64) of the longest cached page-aligned prefix of ``tokens`` in the pool's prefix tree, without
+        splitting nodes, locking or touching LRU times (changes nothing). ValueError for bad tokens."""
+        segments = self._radix.peek_prefix(as_int_array(tokens, "tokens"), PREFIX_NAMESPACE)
+        parts = [seg.node.value[: seg.matched] for seg in segments if seg.node.value is not None]
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
     @_locked
     def grow_request(self, request_id: int, total_capacity: int) -> int:

@@ -27,7 +27,6 @@ records the eager forward and replays it.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -38,6 +37,7 @@ import torch
 from ..attention.flashinfer import FlashInferBackend, flashinfer_available
 from ..cache import KvCachePool
 from ..cache.metadata import FlashInferKvMetadata
+from ..env import cuda_graphs_enabled
 from .context import ForwardContext
 from .transformer import ForwardOutput, Transformer
 
@@ -46,7 +46,7 @@ WARMUP_STEPS = 2
 
 def cuda_graphs_supported(pool: KvCachePool) -> bool:
     """CUDA device, FlashInfer importable, and not switched off with ``SMILE_CUDA_GRAPHS=0``."""
-    return pool.device.type == "cuda" and os.environ.get("SMILE_CUDA_GRAPHS", "1") != "0" and flashinfer_available()
+    return pool.device.type == "cuda" and cuda_graphs_enabled() and flashinfer_available()
 
 
 class Replayable(Protocol):

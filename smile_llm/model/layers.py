@@ -85,7 +85,7 @@ def fuse_rows(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 class Attention(PreparedModule):
     """Self-attention with HF parameter names (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``; ``q_norm``/``k_norm`` for
-    Qwen3), GQA, RoPE, K/V written through ``pool.put`` and attention through the backend over the step CSR.
+    Qwen3), GQA, RoPE, K/V written through the forward's KV-step handle (``ForwardContext.attend``) and attention through the backend over the step CSR.
 
     q, k and v come from one matmul: their weights are row views of one fused tensor (``fuse_rows``, redone after
     any ``.to()``, see ``PreparedModule``). The q/k norms run as one normalisation over all heads, and RoPE once

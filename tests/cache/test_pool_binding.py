@@ -341,3 +341,22 @@ def test_a_pool_made_under_inference_mode_is_writable_outside_it() -> None:
     pool.bind_request([1], 4)
     write(pool, 0, 2, 3.0)
     assert pool.get(0, 2)[0][0, :, 0, 0].tolist() == [3.0, 4.0]
+
+
+def test_peek_prefix_slots_reads_the_tree_without_changing_it():
+    pool = make_pool()
+    prompt = list(range(10, 10 + 3 * PS + 1))
+    rid = pool.bind_request(prompt, len(prompt))
+    write(pool, 0, len(prompt), 1.0)
+    pages = pool.slot_indices(len(prompt))
+    pool.finish_request(rid, prompt)
+    assert pool.peek_prefix_slots([]).tolist() == []
+    before = (pool.stats(), pool.radix.total_size(), pool.radix.evictable_size)
+    got = pool.peek_prefix_slots(prompt + [1, 2])
+    assert (pool.stats(), pool.radix.total_size(), pool.radix.evictable_size) == before
+    assert got.dtype == np.int64 and got.tolist() == pages[: 3 * PS].tolist()  # the written whole pages
+    assert pool.peek_prefix_slots(prompt[: PS + 1]).tolist() == pages[:PS].tolist()
+    assert pool.peek_prefix_slots([99] + prompt).tolist() == []
+    with pytest.raises(ValueError):
+        pool.peek_prefix_slots([1.5])
+    pool.check_invariants()
