@@ -299,9 +299,13 @@ class Scheduler:
             hook = job.handle.request.cancel
             if poll and not job.handle.cancel_requested and hook is not None:
                 try:
-                    job.handle.cancel_requested = bool(hook())
+                    stop = bool(hook())
                 except Exception as exc:
                     self._end(job, error=exc)
+                    continue
+                if stop:
+                    self._end(job, error=GenerationCancelled(
+                        "aborted: cancel() returned True between steps; KV released"))
                     continue
             if job.handle.cancel_requested:
                 self.cancel(job)
