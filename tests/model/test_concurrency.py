@@ -241,3 +241,15 @@ def test_close_while_serving_ends_every_request_and_the_loop():
     assert not model.server.thread_alive
     with pytest.raises(RuntimeError):
         model.generate("abc", 3)
+
+
+def test_a_single_caller_runs_every_step_on_its_own_thread(lm, solo):
+    threads: set[int] = set()
+
+    class Where:
+        def on_generated_tokens(self, n: int) -> None:
+            threads.add(threading.get_ident())
+
+    assert lm.generate(PROMPTS[0], NEW, listener=Where()).tokens == solo[0]
+    assert threads == {threading.get_ident()}  # no hop to a serving thread
+    assert not lm.server.thread_alive
