@@ -1,10 +1,11 @@
 """Decoder: the forward passes of generation over sequences bound in the model's pool(s).
 
 ``prefill`` (one request's prompt, in chunks), ``decode`` (one plain step for a ragged batch) and ``speculate``
-(one speculative round for a ragged batch: MTP drafts, one verify forward over each row's window
+(one speculative round for a ragged batch: the drafter's drafts, one verify forward over each row's window
 ``[last, d_0..d_{n-1}]``, acceptance, ``truncate_to`` so rejected positions are neither attended nor inserted)
 are used alike by ``LanguageModel.generate`` (one sequence) and the engine (many). Every forward's hidden states
-feed the sequence's MTP history, so drafting stays possible after any mix of steps.
+are reported to the drafter (``drafters.Drafter``: extend / absorb / commit), whichever it is, so drafting stays
+possible after any mix of steps.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
 
-from .drafter import MtpDrafter
+from .drafters import Drafter
 from .sampling import probabilities, sample
 from .sequence import Sequence
 from .speculative import AcceptResult, RoundRecord, accept_greedy, accept_rejection
@@ -35,7 +36,7 @@ class Decoder:
     for eligible batches; everything else runs eagerly."""
 
     def __init__(self, transformer: Transformer, pool: KvCachePool, backend: AttentionBackend,
-                 drafter: MtpDrafter | None, decode_graphs: Any = None, verify_graphs: Any = None) -> None:
+                 drafter: Drafter | None, decode_graphs: Any = None, verify_graphs: Any = None) -> None:
         self.transformer, self.pool, self.backend, self.drafter = transformer, pool, backend, drafter
         self.decode_graphs, self.verify_graphs = decode_graphs, verify_graphs
         self.speculative_max_batch: int | None = None  # a step with more rows decodes plainly; None: no limit
@@ -68,9 +69,9 @@ class Decoder:
             seq.forwards += 1
             seq.prefill_forwards += 1
             seq.prefilled = stop
-            if self.drafter is not None and seq.history is not None:
+            if self.drafter is not None:
                 self.drafter.extend(seq, out.hidden[0], start)
-                self.drafter.absorb_known(seq)
+                self.drafter.absorb([seq])
         seq.prefill_s = time.perf_counter() - seq.t0
         return seq.prefilled == len(seq.prompt)
 
@@ -100,10 +101,10 @@ class Decoder:
             seq.prefill_forwards += 1
             seq.prefilled = len(seq.prompt)
             seq.prefill_s = time.perf_counter() - seq.t0
-            if self.drafter is not None and seq.history is not None:
+            if self.drafter is not None:
                 self.drafter.extend(seq, out.hidden[b, : rem[b]], int(start[b]))
         if self.drafter is not None:
-            self.drafter.absorb_known_batch([s for s in seqs if s.history is not None])
+            self.drafter.absorb(seqs)
 
     @staticmethod
     def padded_prefill_fits(seqs: list[Sequence]) -> bool:
@@ -146,7 +147,7 @@ class Decoder:
     def step(self, seqs: list[Sequence]) -> None:
         """Advance every sequence by one forward: rows that can draft speculate (grouped by draft budget, one
         round per group), the others take a plain step together. A step of more than ``speculative_max_batch``
-        rows is all plain (their MTP histories keep absorbing, so drafting resumes when the batch shrinks)."""
+        rows is all plain (the drafter keeps absorbing their forwards, so drafting resumes when the batch shrinks)."""
         groups: dict[int, list[Sequence]] = {}
         plain = []
         limit = self.speculative_max_batch
@@ -176,7 +177,7 @@ class Decoder:
         for b, seq in enumerate(seqs):
             seq.logits = out.logits[b : b + 1, -1]
             seq.forwards += 1
-            if self.drafter is not None and seq.history is not None:
+            if self.drafter is not None:
                 self.drafter.extend(seq, out.hidden[b], int(start[b]))
             seq.take_next()
 
@@ -186,6 +187,11 @@ class Decoder:
         propose, verify all windows in one forward, accept per row, seal the accepted KV and append the tokens."""
         assert self.drafter is not None and n >= 1
         drafts, draft_probs = self.drafter.propose(seqs, n)
+        if tuple(drafts.shape) != (len(seqs), n) or drafts.dtype != torch.int64:
+            raise ValueError(f"the drafter proposed {drafts.dtype} {list(drafts.shape)}, "
+                             f"need int64 [{len(seqs)}, {n}]")
+        drafts = drafts.to(self.pool.device)
+        draft_probs = None if draft_probs is None else draft_probs.to(self.pool.device)
         self._activate(seqs)
         last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64, device=self.pool.device)
         start = np.array([s.last_pos for s in seqs], dtype=np.int64)

@@ -22,7 +22,7 @@ from ..cache import KvCacheLayout, KvCachePool
 from ..cache.tokens import as_int_array
 from .config import MAX_SPECULATIVE_TOKENS, ModelConfig
 from .decoder import Decoder
-from .drafter import MtpDrafter
+from .drafters import Drafter, build_drafter
 from .request import GenerationCancelled, Request, RequestHandle, SamplingParams
 from .sequence import Completion
 from .server import Server
@@ -33,7 +33,6 @@ from .weights import load_into, read_checkpoint
 __all__ = ["Completion", "GenerationCancelled", "LanguageModel"]
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default"
-PER_ROUND_ROWS = 256  # rows of the per-round draft pool: larger batches draft in several rounds
 
 
 class LanguageModel:
@@ -41,29 +40,11 @@ class LanguageModel:
 
     def __init__(self, config: ModelConfig, transformer: Transformer, tokenizer: Tokenizer, pool: KvCachePool,
                  backend: AttentionBackend, max_seq_len: int | None = None, *, cuda_graphs: bool = True,
-                 draft_kv: str = "history") -> None:
+                 draft_kv: str = "history", drafter: str | Drafter | None = "mtp") -> None:
         self.config, self.transformer, self.tokenizer = config, transformer, tokenizer
         self.pool, self.backend = pool, backend
         self.max_seq_len = max_seq_len or pool.num_slots  # longest prompt + completion of one request
-        self.drafter: MtpDrafter | None = None
-        if transformer.mtp is not None:
-            rows = max(1, pool.num_slots // max(1, self.max_seq_len))
-            if draft_kv == "per_round":  # MAX_SPECULATIVE_TOKENS positions per row and round, for any batch
-                layout = KvCacheLayout(config.mtp_num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                                       max(rows, PER_ROUND_ROWS), MAX_SPECULATIVE_TOKENS + 2)
-                mtp_pool = KvCachePool.for_mtp(layout, pool.device, pool.dtype, pool.page_size)
-                self.drafter = MtpDrafter(transformer, mtp_pool, backend, "per_round")
-            elif draft_kv == "history":
-                layout = KvCacheLayout(config.mtp_num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                                       rows, self.max_seq_len)
-                try:
-                    history = KvCachePool.for_mtp_history(layout, pool.device, pool.dtype, pool.page_size,
-                                                          pool.num_slots)
-                    self.drafter = MtpDrafter(transformer, history, backend)
-                except RuntimeError:  # too little memory for the draft history: decode without speculation
-                    self.drafter = None
-            else:
-                raise ValueError(f'draft_kv must be "history" or "per_round", got {draft_kv!r}')
+        self.drafter: Drafter | None = build_drafter(drafter, transformer, pool, backend, self.max_seq_len, draft_kv)
         self.decoder = Decoder(transformer, pool, backend, self.drafter)
         if cuda_graphs and pool.device.type == "cuda":
             from .graphs import DecodeGraphRunner, VerifyGraphRunner, cuda_graphs_supported
@@ -80,12 +61,15 @@ class LanguageModel:
     def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                         mem_fraction: float | None = None, page_size: int = 16, *, max_batch_size: int = 4,
                         max_seq_len: int | None = None, cuda_graphs: bool = True,
-                        draft_kv: str = "history", speculative_max_batch: int | None = None) -> LanguageModel:
+                        draft_kv: str = "history", speculative_max_batch: int | None = None,
+                        drafter: str | Drafter | None = "mtp") -> LanguageModel:
         """Load ``config.json``, ``*.safetensors`` (sharded too) and the tokenizer from ``path``; size a KV pool
         for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's context, at most 4096).
         ``cuda_graphs``: replay decode and verify forwards from CUDA graphs on CUDA with FlashInfer (no effect
         elsewhere; ``SMILE_CUDA_GRAPHS=0`` also turns them off). ``draft_kv`` (MTP models): "history" keeps each
         request's draft KV over its whole context (the default), "per_round" drafts context-free each round.
+        ``drafter``: "mtp" (the MTP head, when the checkpoint has one), "ngram" (prompt lookup, any model), None or
+        "none" (plain decoding), or your own ``smile_llm.model.drafters.Drafter`` (docs/speculative.md).
         ``speculative_max_batch``: see the property of that name."""
         folder = Path(path)
         config = ModelConfig.from_pretrained(folder)
@@ -101,7 +85,7 @@ class LanguageModel:
                                max_batch_size, seq)
         pool = KvCachePool.allocate(layout, device, dtype, mem_fraction or 0.85, page_size)
         lm = cls(config, transformer, tokenizer, pool, select_backend(device), seq, cuda_graphs=cuda_graphs,
-                 draft_kv=draft_kv)
+                 draft_kv=draft_kv, drafter=drafter)
         lm.speculative_max_batch = speculative_max_batch
         return lm
 
@@ -144,14 +128,15 @@ class LanguageModel:
 
     # ------------------------------------------------------------------ generation
     def speculative_tokens_for(self, requested: int | None) -> int:
-        """Drafts per round for a request: 0 without an MTP head or for ``requested == 0``; None means the
-        model's default (``num_speculative_tokens``); at most MAX_SPECULATIVE_TOKENS. ValueError for non-ints."""
+        """Drafts per round for a request: 0 without a drafter or for ``requested == 0``; None means the
+        drafter's default (``drafter.num_speculative_tokens``); at most MAX_SPECULATIVE_TOKENS. ValueError for
+        non-ints."""
         if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or
                                       requested < 0):
             raise ValueError(f"speculative_tokens must be None or an int >= 0, got {requested!r}")
         if requested == 0 or self.drafter is None:
             return 0
-        return self.config.resolve_speculative_tokens(requested)
+        return min(requested or self.drafter.num_speculative_tokens, MAX_SPECULATIVE_TOKENS)
 
     @property
     def server(self) -> Server:
@@ -187,11 +172,12 @@ class LanguageModel:
         the field. Safe from any number of threads at once: concurrent calls are batched together, and each
         returns what it would return alone (greedy).
 
-        With a drafter (an MTP head), decoding is speculative: ``speculative_tokens`` drafts per round (None: the
-        model's default; 0: plain decoding), verified by one target forward; ``on_round`` receives each round's
-        ``RoundRecord``. ``draft_sampling="greedy"`` (default) drafts the head's argmax and keeps a draft while the
-        target samples the same token; ``"sample"`` samples drafts and uses rejection sampling. Either way the output
-        has the target's distribution, and at temperature 0 it equals plain greedy decoding token for token."""
+        With a drafter (the MTP head, n-gram lookup or your own), decoding is speculative: ``speculative_tokens``
+        drafts per round (None: the drafter's default; 0: plain decoding), verified by one target forward;
+        ``on_round`` receives each round's ``RoundRecord``. ``draft_sampling="greedy"`` (default) drafts the head's
+        argmax and keeps a draft while the target samples the same token; ``"sample"`` samples MTP drafts and uses
+        rejection sampling. Either way the output has the target's distribution, and at temperature 0 it equals
+        plain greedy decoding token for token."""
         params = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
                                 draft_sampling)
         return self.submit(prompt, params, listener=listener, cancel=cancel, on_round=on_round).result()
@@ -234,4 +220,4 @@ class LanguageModel:
         self.serving_engine = None
         self.pool.close()
         if self.drafter is not None:
-            self.drafter.pool.close()
+            self.drafter.close()

@@ -1,7 +1,7 @@
 """Sequence: the state of one request being generated (the scheduler's row), and its result, ``Completion``.
 
 It holds the prompt and the tokens so far, sampling settings and generator, stop detection (ids and strings),
-streaming to a listener, logprobs, the MTP draft history, and the counters that become ``Completion.stats``.
+streaming to a listener, logprobs, the drafter's per-request state, and the counters that become ``Completion.stats``.
 The caller's hooks never break the serving loop: an exception from the listener (or the round callback) is
 recorded in ``error``, the sequence finishes, and the scheduler fails that request alone.
 Positions: the prompt occupies ``[0, P)``, generated token i sits at ``P + i``; the last token's KV is written by
@@ -39,26 +39,8 @@ class Completion:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass
-class MtpHistory:
-    """A request's MTP draft KV: MTP position i (main position i, pool position ``i - offset``) holds the head's K/V
-    for (token i+1, hidden h_i). Positions ``[offset, filled)`` are in the history pool; ``pending`` holds the
-    hidden rows of ``[filled, filled + len)`` whose next tokens are known only once ``last_pos`` is reached.
-    ``offset`` is the matched prefix length: the draft never reads positions it has not computed."""
-
-    request_id: int  # the binding in the history pool
-    offset: int
-    filled: int
-    pending: list[torch.Tensor] = field(default_factory=list)  # [rows_i, D] chunks, in position order
-
-    @property
-    def pending_rows(self) -> int:
-        """Hidden-state rows waiting to be written into the history pool."""
-        return sum(int(h.shape[0]) for h in self.pending)
-
-
 class Sequence:
-    """One request: tokens, sampling, stops, streaming, logprobs, draft history and stats."""
+    """One request: tokens, sampling, stops, streaming, logprobs, draft state and stats."""
 
     def __init__(self, model: LanguageModel, request: Request, request_id: int, matched: int, capacity: int) -> None:
         p = request.params
@@ -72,7 +54,7 @@ class Sequence:
         self.listener = request.listener
         self.stop_ids, self.stop_texts = request.stop_ids, request.stop_texts
         self.speculative_tokens, self.draft_sampling = request.speculative_tokens, p.draft_sampling
-        self.history: MtpHistory | None = None
+        self.history: Any = None  # the drafter's state for this request: set by its bind, cleared by its release
         self.tokens: list[int] = []
         self.logprobs: list[float] | None = [] if p.logprobs else None
         self.error: BaseException | None = None  # what the caller's hooks raised; the request then fails alone
@@ -145,8 +127,9 @@ class Sequence:
 
     def draft_budget(self) -> int:
         """Drafts the next round may propose: the window ``[last, d_0..d_{n-1}]`` fits the bound capacity and the
-        window plus the bonus token fit what the request may still produce."""
-        if self.history is None or not self.tokens:
+        window plus the bonus token fit what the request may still produce (whether the drafter can draft is its
+        ``ready``)."""
+        if not self.tokens:
             return 0
         return max(0, min(self.speculative_tokens, self.remaining - 1, self.capacity - self.last_pos - 1))
 

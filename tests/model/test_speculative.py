@@ -34,7 +34,8 @@ from smile_llm.attention.backend import select_backend
 from smile_llm.cache import KvCacheExhaustedError, KvCacheLayout, KvCachePool
 from smile_llm.cache.layout import floor_page
 from smile_llm.model import Completion, GenerationCancelled, LanguageModel, Transformer
-from smile_llm.model.drafter import MtpDrafter
+from smile_llm.model.drafters import MtpHistoryDrafter, MtpPerRoundDrafter
+from smile_llm.model.request import Request, SamplingParams
 from smile_llm.model.sequence import Sequence
 from smile_llm.model.speculative import AcceptResult, accept_greedy, accept_rejection
 
@@ -55,6 +56,7 @@ DEFAULT_PROMPTS = [
 SPEC_PROMPTS = DEFAULT_PROMPTS[:2] if CI else DEFAULT_PROMPTS
 SPEC_TOKENS = 48 if CI else 120
 MIN_ROUNDS_PER_K = 12 if CI else 50  # k = 1..4 together: >= 48 rounds at ci scale, >= 200 at full scale
+DRAFTER_CLASS = {"history": MtpHistoryDrafter, "per_round": MtpPerRoundDrafter}
 SHARED_HEADER = ("# Licensed to the Python Software Foundation under one or more agreements.\n"
                  "\"\"\"Helpers for the command line interface of the archive tools.\"\"\"\n\n"
                  "import os\nimport sys\n\n")
@@ -521,7 +523,7 @@ RANDOM_POOLS = [(1, "history"), (16, "per_round")] if CI else [(1, "history"), (
 @pytest.mark.parametrize("name", [n for n in RANDOM_SPECS if not (CI and n == "qwen2_bias")])
 def test_lossless_greedy_on_random_mtp_models(random_models, monkeypatch, name, page_size, draft_kv):
     lm = load(random_models[name], page_size=page_size, max_seq_len=96, draft_kv=draft_kv)
-    assert lm.drafter is not None and lm.drafter.pool.page_size == page_size and lm.drafter.mode == draft_kv
+    assert lm.drafter is not None and lm.drafter.pool.page_size == page_size and isinstance(lm.drafter, DRAFTER_CLASS[draft_kv])
     if draft_kv == "history":
         assert not lm.drafter.pool.prefix_reuse_enabled
     ref = load(random_models[name], page_size=page_size, max_seq_len=96)
@@ -582,7 +584,9 @@ def test_model_without_mtp_head_decodes_plainly(tmp_path, monkeypatch):
         lm.transformer.draft(torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, 1, lm.config.hidden_size),
                              np.array([0]), lm.pool, lm.backend)
     with pytest.raises(ValueError):
-        MtpDrafter(lm.transformer, lm.pool, lm.backend)
+        MtpHistoryDrafter(lm.transformer, lm.pool, lm.backend)
+    with pytest.raises(ValueError):
+        MtpPerRoundDrafter(lm.transformer, lm.pool, lm.backend)
     assert_clean(lm.pool)
 
 
@@ -759,7 +763,7 @@ def test_drafts_equal_a_from_scratch_mtp_computation(monkeypatch, batched, draft
     draft's guess, the history starting at the matched prefix), chained on the head's own output. Per-round
     drafting sees only the last true position (as a history that starts at ``last_pos - 1``)."""
     lm = LanguageModel.default(max_seq_len=256, draft_kv=draft_kv)
-    assert lm.drafter is not None and lm.drafter.mode == draft_kv
+    assert isinstance(lm.drafter, DRAFTER_CLASS[draft_kv])
     records: list[tuple[list[int], int, int, list[int]]] = []
     real = lm.drafter.propose
 
@@ -809,10 +813,10 @@ def test_chunked_prefill_then_speculative_steps_match_plain(plain_default, chunk
     ids = lm.encode(DEFAULT_PROMPTS[2])[:20]
     limit = 150
     rid = lm.pool.bind_request(ids, len(ids) + limit)
-    seq = Sequence(lm, ids, lm.pool.matched_prefix_len(rid), limit=limit, speculative_tokens=2, request_id=rid,
-                   capacity=len(ids) + limit)
+    request = Request.create(lm, ids, SamplingParams(limit, speculative_tokens=2))
+    seq = Sequence(lm, request, rid, lm.pool.matched_prefix_len(rid), capacity=len(ids) + limit)
     try:
-        assert lm.drafter.bind(seq)
+        assert lm.drafter.bind(seq, len(ids) + limit)
         for i, size in enumerate(chunks):
             assert lm.decoder.prefill(seq, size) == (i == len(chunks) - 1)
         seq.take_next()

@@ -1,0 +1,148 @@
+"""NgramDrafter: prompt lookup decoding (vLLM's ``ngram`` method, HF's ``prompt_lookup_num_tokens``).
+
+No draft model, no KV: the drafts are copied from the request's own tokens (prompt and output). For the row's
+tokens ``t[0..L)`` it finds the longest suffix of length ``min_n..max_n`` that occurred earlier (ending before the
+last token; overlaps allowed), the most recent occurrence among the longest, and drafts what followed it. When the
+``p`` tokens between that occurrence and the end are fewer than ``n``, the copy runs on over the drafts themselves
+(draft j is ``t[e + 1 + j % p]``, as if the text kept repeating with period ``p``), so every round has exactly ``n``
+drafts. A row with no match is not ``ready``: it takes a plain step, and tries again on the next one.
+
+Drafts are greedy (no distributions): at temperature 0 the output equals plain greedy decoding, and when sampling
+the target's samples decide what is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..config import MAX_SPECULATIVE_TOKENS
+from ..sequence import Sequence
+
+DEFAULT_MIN_N = 5  # vLLM's prompt_lookup_min default
+DEFAULT_MAX_N = 5  # vLLM's prompt_lookup_max default
+DEFAULT_TOKENS = 3  # drafts per round for requests that ask for the default
+
+
+def find_ngram_match(tokens: np.ndarray, min_n: int, max_n: int) -> tuple[int, int] | None:
+    """The continuation of the most recent earlier occurrence of the longest suffix of ``tokens`` (int64 ``[L]``,
+    all >= 0) of length ``min_n..max_n``: ``(start, period)`` with ``start = e + 1`` for the occurrence ending at
+    ``e <= L - 2`` and ``period = L - 1 - e``; None when no suffix of ``min_n`` tokens occurred earlier.
+
+    >>> find_ngram_match(np.array([5, 6, 7, 9, 5, 6]), 1, 3)  # "5 6" ended at 1: continue with 7
+    (2, 4)
+    >>> find_ngram_match(np.array([1, 1, 1]), 1, 3)  # "1 1" ended at 1 (overlapping)
+    (2, 1)
+    >>> find_ngram_match(np.array([1, 2, 3]), 1, 3) is None
+    True
+    """
+    length = len(tokens)
+    if length < min_n + 1:
+        return None
+    cand = length - 1  # occurrences may end at 0..L-2
+    alive = np.ones(cand, dtype=bool)
+    matched = np.zeros(cand, dtype=np.int64)  # suffix length matched at each end, capped at max_n
+    for k in range(min(max_n, cand)):
+        # an occurrence ending at e matches k + 1 tokens when t[e - k] == t[L - 1 - k] and it matched k
+        prev = tokens[: cand - k]
+        alive[k:] &= prev == tokens[length - 1 - k]
+        alive[:k] = False
+        matched += alive
+    best = int(matched.max())
+    if best < min_n:
+        return None
+    end = int(np.flatnonzero(matched == best)[-1])
+    return end + 1, length - 1 - end
+
+
+@dataclass
+class NgramState:
+    """One request's tokens in a growing buffer (``tokens[:length]`` = prompt + output so far) and the match for
+    the length it was last searched at."""
+
+    tokens: np.ndarray  # int64[final_len]
+    length: int = 0
+    searched_at: int = -1
+    match: tuple[int, int] | None = None
+
+
+class NgramDrafter:
+    """Prompt lookup drafting (see the module docstring). ``min_n``/``max_n``: the suffix lengths tried (vLLM's
+    ``prompt_lookup_min``/``prompt_lookup_max``, default 5 and 5); ``num_speculative_tokens``: drafts per round for
+    requests that ask for the default. ValueError unless ``1 <= min_n <= max_n`` and
+    ``1 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS``."""
+
+    def __init__(self, min_n: int = DEFAULT_MIN_N, max_n: int = DEFAULT_MAX_N,
+                 num_speculative_tokens: int = DEFAULT_TOKENS) -> None:
+        for name, value in (("min_n", min_n), ("max_n", max_n), ("num_speculative_tokens", num_speculative_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if min_n > max_n:
+            raise ValueError(f"min_n ({min_n}) must not exceed max_n ({max_n})")
+        if num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be at most {MAX_SPECULATIVE_TOKENS}, "
+                             f"got {num_speculative_tokens}")
+        self.min_n, self.max_n, self.num_speculative_tokens = min_n, max_n, num_speculative_tokens
+
+    @staticmethod
+    def state(seq: Sequence) -> NgramState | None:
+        h = seq.history
+        assert h is None or isinstance(h, NgramState)
+        return h
+
+    def bind(self, seq: Sequence, final_len: int) -> bool:
+        """Give ``seq`` a token buffer of ``final_len``. Always True."""
+        buf = np.zeros(max(final_len, len(seq.prompt)), dtype=np.int64)
+        buf[: len(seq.prompt)] = seq.prompt
+        seq.history = NgramState(buf, len(seq.prompt))
+        return True
+
+    def release(self, seq: Sequence) -> None:
+        if self.state(seq) is not None:
+            seq.history = None
+
+    def close(self) -> None:
+        pass
+
+    def max_batch(self, n: int) -> int:
+        return 1 << 30
+
+    def _match(self, seq: Sequence, st: NgramState) -> tuple[int, int] | None:
+        """The match for ``seq``'s current tokens (searched once per length)."""
+        total = len(seq.prompt) + len(seq.tokens)
+        if st.length < total:
+            st.tokens[st.length : total] = seq.tokens[st.length - len(seq.prompt) :]
+            st.length = total
+        if st.searched_at != total:
+            st.match = find_ngram_match(st.tokens[:total], self.min_n, self.max_n)
+            st.searched_at = total
+        return st.match
+
+    def ready(self, seq: Sequence) -> bool:
+        """True when ``seq`` is bound and a suffix of at least ``min_n`` tokens occurred earlier."""
+        st = self.state(seq)
+        return st is not None and self._match(seq, st) is not None
+
+    def propose(self, seqs: list[Sequence], n: int) -> tuple[torch.Tensor, None]:
+        """``n`` copied drafts per (``ready``) row: int64 ``[B, n]`` on the CPU, no distributions."""
+        out = np.empty((len(seqs), n), dtype=np.int64)
+        steps = np.arange(n)
+        for b, seq in enumerate(seqs):
+            st = self.state(seq)
+            assert st is not None
+            match = self._match(seq, st)
+            assert match is not None, "propose needs ready rows"
+            start, period = match
+            out[b] = st.tokens[start + steps % period]
+        return torch.from_numpy(out), None
+
+    def extend(self, seq: Sequence, hidden: torch.Tensor, start: int) -> None:
+        pass
+
+    def absorb(self, seqs: list[Sequence]) -> None:
+        pass
+
+    def commit(self, seq: Sequence, hidden: torch.Tensor) -> None:
+        pass
