@@ -12,6 +12,7 @@ import pytest
 from smile_llm.model import LanguageModel
 from smile_llm.model.decoder import PADDING_FREE, PADDING_WASTE, PREFILL_CHUNK, Decoder
 from smile_llm.model.sequence import Sequence
+from smile_llm.model.request import Request, SamplingParams
 
 from .conftest import LONG_PROMPT, assert_clean, expected_greedy
 
@@ -96,8 +97,8 @@ def bound_sequences(lm: LanguageModel, prompts: list[list[int]], capacity_extra:
     seqs = []
     for ids in prompts:
         rid = lm.pool.bind_request(ids, len(ids) + capacity_extra)
-        seqs.append(Sequence(lm, ids, lm.pool.matched_prefix_len(rid), limit=capacity_extra, request_id=rid,
-                             capacity=len(ids) + capacity_extra))
+        request = Request.create(lm, ids, SamplingParams(max_new_tokens=capacity_extra))
+        seqs.append(Sequence(lm, request, rid, lm.pool.matched_prefix_len(rid), len(ids) + capacity_extra))
     return seqs
 
 
