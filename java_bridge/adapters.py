@@ -24,8 +24,6 @@ from smile_llm.cache import KvCacheLayout, KvCachePool
 from smile_llm.model import LanguageModel
 
 from .errors import bridged
-
-SEED_MASK = (1 << 64) - 1  # a Java long seed, read as unsigned
 from .threads import pin_current_thread
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -418,7 +416,8 @@ class LanguageModelAdapter:
                  listener: Any, cancel: Any = None) -> Any:
         """Java ``Completion generate(int[] prompt, int maxGenLen, double temperature, double topp, boolean logprobs,
         long seed, GenerationListener listener[, BooleanSupplier cancelRequested])``: ``LanguageModel.generate`` (a
-        negative ``maxGenLen`` means 0, a negative ``seed`` is read as the unsigned 64-bit value of the same bits),
+        negative ``maxGenLen`` means 0; a negative ``seed`` is read as the unsigned 64-bit value of its bits, as in
+        Python),
         listener callbacks forwarded to Java. IllegalArgumentException for bad input,
         CancellationException when cancelled."""
         if prompt is None:
@@ -426,7 +425,7 @@ class LanguageModelAdapter:
         ids = _ints(prompt).tolist()
         out = self.model.generate(
             ids, max(0, int(max_gen_len)), temperature=float(temperature), top_p=float(topp),
-            logprobs=bool(logprobs), seed=int(seed) & SEED_MASK, listener=None if listener is None else _JavaListener(listener),
+            logprobs=bool(logprobs), seed=int(seed), listener=None if listener is None else _JavaListener(listener),
             cancel=None if cancel is None else (lambda: bool(cancel.getAsBoolean())))
         lp = None if out.logprobs is None else JArray(JFloat)(out.logprobs)
         return JClass("smile.llm.Completion")(out.text, JArray(JInt)(out.prompt_tokens), JArray(JInt)(out.tokens),

@@ -64,8 +64,9 @@ class Decoder:
             start, stop = seq.prefilled, min(end, seq.prefilled + PREFILL_CHUNK)
             self._activate([seq])
             x = torch.tensor([seq.prompt[start:stop]], dtype=torch.int64, device=self.pool.device)
-            out = self.transformer(x, np.array([start], dtype=np.int64), self.pool, self.backend)
-            seq.logits = out.logits[:, -1]
+            out = self.transformer(x, np.array([start], dtype=np.int64), self.pool, self.backend,
+                                   logit_cols=np.array([stop - start - 1], dtype=np.int64))
+            seq.logits = out.logits[:, 0]
             seq.forwards += 1
             seq.prefill_forwards += 1
             seq.prefilled = stop
@@ -93,10 +94,10 @@ class Decoder:
         tokens = torch.zeros(len(seqs), width, dtype=torch.int64)
         for b, seq in enumerate(seqs):
             tokens[b, : rem[b]] = torch.tensor(seq.prompt[seq.prefilled :])
-        out = self.transformer(tokens.to(self.pool.device), start, self.pool, self.backend)
+        out = self.transformer(tokens.to(self.pool.device), start, self.pool, self.backend, logit_cols=rem - 1)
         self.pool.truncate_to(start + rem, start + width)
         for b, seq in enumerate(seqs):
-            seq.logits = out.logits[b : b + 1, int(rem[b]) - 1]
+            seq.logits = out.logits[b : b + 1, 0]
             seq.forwards += 1
             seq.prefill_forwards += 1
             seq.prefilled = len(seq.prompt)

@@ -48,7 +48,8 @@ def _is_number(value: Any) -> bool:
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request settings: greedy at ``temperature`` 0, nucleus sampling (``top_p``) otherwise; ``seed`` 0 is
-    nondeterministic, any other seed in [0, 2**64) reproducible; ``logprobs`` returns the chosen tokens' logprobs;
+    nondeterministic, any other seed in [-2**63, 2**64) reproducible (a negative seed is read as the unsigned
+    64-bit value of the same bits, as a Java ``long``); ``logprobs`` returns the chosen tokens' logprobs;
     ``stop`` a token id, a string, or a list/tuple of those (EOS ids always stop); ``speculative_tokens`` None for the
     model's default, 0 for plain decoding; ``draft_sampling`` "greedy" or "sample".
 
@@ -79,8 +80,9 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.seed):
             raise RequestTypeError(f"seed must be an int, got {self.seed!r}")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+        if not -(1 << 63) <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be in [-2**63, 2**64), got {self.seed}")
+        object.__setattr__(self, "seed", self.seed & MAX_SEED)  # a negative (e.g. Java long) seed: its 64 bits
         if not isinstance(self.logprobs, bool):
             raise RequestTypeError(f"logprobs must be a bool, got {self.logprobs!r}")
         if self.speculative_tokens is not None:

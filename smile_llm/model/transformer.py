@@ -26,8 +26,9 @@ from .mtp import MtpHead
 
 @dataclass(frozen=True)
 class ForwardOutput:
-    """The target's output for a window: float32 ``logits`` ``[B, S, vocab]`` and ``hidden`` ``[B, S, D]`` (the last
-    layer's output before the final norm, the MTP head's input)."""
+    """The target's output for a window: float32 ``logits`` ``[B, S, vocab]`` (``[B, 1, vocab]`` when the forward asked
+    for one column per row) and ``hidden`` ``[B, S, D]`` (the last layer's output before the final norm, the MTP
+    head's input)."""
 
     logits: torch.Tensor  # float32 [B, S, vocab]
     hidden: torch.Tensor  # [B, S, hidden]: the last decoder layer's output before the final norm (MTP input)
@@ -94,17 +95,25 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: np.ndarray, pool: KvCachePool,
-                backend: AttentionBackend) -> ForwardOutput:
-        """``tokens`` int64 ``[B, S]`` for the pool's active rows at positions ``start[b] + [0, S)``."""
-        return self.run(tokens, self.context(pool, backend, start, tokens.shape[1]))
+                backend: AttentionBackend, logit_cols: np.ndarray | None = None) -> ForwardOutput:
+        """``tokens`` int64 ``[B, S]`` for the pool's active rows at positions ``start[b] + [0, S)``. With
+        ``logit_cols`` (int64 ``[B]``) the LM head runs only at column ``logit_cols[b]`` of each row and ``logits``
+        is ``[B, 1, vocab]`` (a prefill needs the last prompt position's logits alone); ``hidden`` keeps every
+        position."""
+        return self.run(tokens, self.context(pool, backend, start, tokens.shape[1]), logit_cols)
 
-    def run(self, tokens: torch.Tensor, ctx: ForwardContext) -> ForwardOutput:
+    def run(self, tokens: torch.Tensor, ctx: ForwardContext, logit_cols: np.ndarray | None = None) -> ForwardOutput:
         """The forward over a prepared context (CUDA-graph runners capture this with static buffers); commits the
-        context's KV write once every layer has run (a forward that raises records nothing)."""
+        context's KV write once every layer has run (a forward that raises records nothing). ``logit_cols`` as in
+        ``forward``."""
         x = self.embed(tokens)
         for layer in self.model.layers:
             x = layer.forward(x, ctx)  # no hooks: skip Module.__call__ (see DecoderLayer.forward)
-        out = ForwardOutput(self.logits(self.model.norm.forward(x)), x)
+        h = x
+        if logit_cols is not None:
+            rows = torch.arange(x.shape[0], device=x.device)
+            h = x[rows, torch.from_numpy(np.asarray(logit_cols, dtype=np.int64)).to(x.device)][:, None]
+        out = ForwardOutput(self.logits(self.model.norm.forward(h)), x)
         ctx.commit()
         return out
 
