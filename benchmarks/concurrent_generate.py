@@ -63,7 +63,7 @@ def main() -> None:
 
     print(f"code {code_version()}; torch threads {torch.get_num_threads()}; {args.threads} callers x {args.new} "
           f"greedy tokens, prompts of {args.prompt_bytes} bytes")
-    lm = LanguageModel.default(max_batch_size=4, max_seq_len=1024)
+    lm = LanguageModel.default(max_batch_size=args.threads, max_seq_len=512)  # a pool sized for every caller
     lm.pool.prefix_reuse_enabled = False  # every run prefills its prompt, sequential and concurrent alike
     prompts = stdlib_prompts(args.threads, args.prompt_bytes)
     lm.generate(prompts[0], 8)  # warm-up
@@ -81,6 +81,7 @@ def main() -> None:
         ratios[label] = s / c
         print(f"{label:32s} sequential {s:6.2f} s ({tokens / s:6.1f} tok/s)  concurrent {c:6.2f} s "
               f"({tokens / c:6.1f} tok/s)  ratio {s / c:5.2f}x  outputs identical")
+    print(f"scheduler preemptions: {lm.server.scheduler.preemptions}")
     lm.close()
     best = ratios["speculative (model default k)"]
     print(f"headline: {args.threads} threads calling generate() at once: {best:.2f}x the sequential throughput "

@@ -87,6 +87,7 @@ class Scheduler:
         self.running: list[Job] = []  # bound and resident, in admission order
         self.preempted: list[Job] = []  # bound, private KV offloaded, in admission order
         self.preemptions = 0
+        self.ended = 0  # requests ended so far (completed, failed or cancelled): waiters need waking when it moves
         self._admissions = itertools.count(1)
 
     # ------------------------------------------------------------------ queries
@@ -325,6 +326,7 @@ class Scheduler:
                     if job in queue:
                         queue.remove(job)
                 job.handle._set_error(error)
+                self.ended += 1
 
     def find(self, handle: RequestHandle) -> Job | None:
         """The job of ``handle``, if the scheduler still holds it."""
@@ -353,3 +355,4 @@ class Scheduler:
             job.offload = None
         if error is not None:
             job.handle._set_error(error)
+        self.ended += 1

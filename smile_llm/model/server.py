@@ -78,6 +78,7 @@ class Server:
             raise RuntimeError("step() called from a listener or hook inside a step; return from it instead")
         with self._step_lock:
             self._stepping = me
+            ended = self.scheduler.ended
             try:
                 with self._cv:
                     self.scheduler.waiting.extend(self._intake)
@@ -94,8 +95,9 @@ class Server:
                 after, self._after_step = self._after_step, []
                 for fn in after:
                     fn()
-        with self._cv:
-            self._cv.notify_all()  # waiters whose request finished, and a driver candidate
+        if self.scheduler.ended != ended:
+            with self._cv:
+                self._cv.notify_all()  # waiters whose request ended
         if self._cancel_waiters:
             time.sleep(0.0005)  # let a caller waiting to cancel take the step lock (locks are not fair)
         return worked
