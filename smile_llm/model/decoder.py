@@ -164,7 +164,7 @@ class Decoder:
             size = max(1, self.drafter.max_batch(n))
             for i in range(0, len(group), size):
                 self.speculate(group[i : i + size], n)
-        if plain:  # eager while rows speculate: their seals keep moving the step CSR a decode graph reads
+        if plain:  # eager while rows speculate: a decode replay after verify replays in one step is untested on a GPU
             self.decode(plain, allow_graph=not groups)
 
     # ------------------------------------------------------------------ plain step
