@@ -82,3 +82,19 @@ def test_compose_fans_out_in_argument_order(jvm: Jvm) -> None:
 def test_to_publisher_streams_the_text(jvm: Jvm, prompt: list[int]) -> None:
     text = str(jvm.cls("bridgetest.GenerationDrivers").publisherChunks(jvm.bridge.languageModel(), prompt, 4))
     assert text == jvm.model.generate(prompt, 4).text
+
+
+@pytest.mark.timeout(120, method="thread")
+def test_java_threads_calling_generate_at_once_get_their_solo_output(jvm: Jvm) -> None:
+    """Eight Java threads call LanguageModel.generate on one model at once: the calls are batched on the model's
+    scheduler and each returns its solo greedy output; no binding is left behind."""
+    prompts = [jvm.model.encode(f"def handler_{i}(request):\n    ") for i in range(8)]
+    solo = [jvm.model.generate(p, NEW_TOKENS).tokens for p in prompts]
+    rows = jvm.jpype.JArray(jvm.jpype.JInt, 2)([jvm.jpype.JArray(jvm.jpype.JInt)(p) for p in prompts])
+    try:
+        got = jvm.cls("bridgetest.GenerationDrivers").concurrentGreedy(jvm.bridge.languageModel(), rows, NEW_TOKENS)
+    except jvm.jpype.JException as exc:
+        pytest.fail(f"concurrent generate from Java failed:\n{exc.stacktrace()}", pytrace=False)
+    assert [list(map(int, r)) for r in got] == solo
+    assert jvm.model.pool.bound_request_count == 0
+    jvm.model.pool.check_invariants()

@@ -110,4 +110,35 @@ public final class GenerationDrivers {
         }
         return got.toString();
     }
+
+    /**
+     * Calls {@code lm.generate} (greedy) from one Java thread per prompt, all at once, and returns each thread's
+     * tokens in prompt order; fails naming the first thread that threw or did not finish within a minute.
+     */
+    public static int[][] concurrentGreedy(LanguageModel lm, int[][] prompts, int maxGenLen) throws Exception {
+        int n = prompts.length;
+        int[][] out = new int[n][];
+        Throwable[] errors = new Throwable[n];
+        java.util.concurrent.CountDownLatch start = new java.util.concurrent.CountDownLatch(1);
+        Thread[] threads = new Thread[n];
+        for (int i = 0; i < n; i++) {
+            final int row = i;
+            threads[i] = new Thread(() -> {
+                try {
+                    start.await();
+                    out[row] = lm.generate(prompts[row], maxGenLen, 0.0, 1.0, false, 0L, null).tokens();
+                } catch (Throwable t) {
+                    errors[row] = t;
+                }
+            }, "generate-" + i);
+            threads[i].start();
+        }
+        start.countDown();
+        for (int i = 0; i < n; i++) {
+            threads[i].join(60_000);
+            check(!threads[i].isAlive(), "thread " + i + " did not finish within a minute");
+            if (errors[i] != null) throw new AssertionError("thread " + i + " threw " + errors[i], errors[i]);
+        }
+        return out;
+    }
 }
