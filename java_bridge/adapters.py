@@ -409,8 +409,9 @@ class LanguageModelAdapter:
         return np.asarray(self.model.encode(str(text)), dtype=np.int32)
 
     def decode(self, tokens: Any) -> str:
-        """Java ``String decode(int[] tokens)``."""
-        return self.model.tokenizer.decode(_ints(tokens).tolist())
+        """Java ``String decode(int[] tokens)``: ``LanguageModel.decode`` (IllegalArgumentException for any id outside
+        the vocabulary)."""
+        return self.model.decode(_ints(tokens).tolist())
 
     def generate(self, prompt: Any, max_gen_len: int, temperature: float, topp: float, logprobs: bool, seed: int,
                  listener: Any, cancel: Any = None) -> Any:

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    """The launcher's options from ``argv`` (argparse: exits with 2 on bad arguments)."""
-    p = argparse.ArgumentParser(prog="python -m java_bridge", description=__doc__.split("\n\n")[0])
+def parse(argv: list[str], prog: str = "python -m java_bridge") -> argparse.Namespace:
+    """The launcher's options from ``argv`` (argparse: exits with 2 on bad arguments); ``prog`` is the command name
+    that usage and errors show."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--classpath", "--cp", default="", help=f"the application's class path ({os.pathsep}-separated)")
     p.add_argument("--main", required=True, help="the class whose main(String[]) to run")
     p.add_argument("--model", help="a model folder for Bridge.languageModel() (default: the embedded model)")
@@ -37,10 +38,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def run(argv: list[str]) -> int:
+def run(argv: list[str], prog: str = "python -m java_bridge") -> int:
     """Run the launcher (see the module docstring) and return its exit code: 0 when ``main`` returns, 1 when it throws,
-    2 for a missing class path entry, class or ``main``."""
-    args = parse(argv)
+    2 for a missing class path entry, class or ``main``. ``prog`` names the command in usage and errors."""
+    args = parse(argv, prog)
     entries = [e for e in args.classpath.split(os.pathsep) if e]
     missing = [e for e in entries if not Path(e).exists()]
     if missing:

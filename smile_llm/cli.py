@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["serve-jvm"]:  # the JVM launcher parses its own arguments (java_bridge.launch)
         from java_bridge.launch import run
 
-        return run(argv[1:])
+        return run(argv[1:], prog="smile-llm serve-jvm")
     if argv[:1] == ["bench"]:  # the benchmark runner parses its own arguments (benchmarks/__main__.py)
         return cmd_bench(argv[1:])
     parser = argparse.ArgumentParser(prog="smile-llm", description="smile-llm: LLM serving core")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from smile_llm.demo import run_demo
 
 
@@ -34,3 +36,12 @@ def test_bench_runs_the_benchmark_runner(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(cli, "__file__", str(tmp_path / "smile_llm" / "cli.py"))
     assert cli.main(["bench", "all"]) == 2
     assert "no benchmarks/ beside the package" in capsys.readouterr().err
+
+
+def test_serve_jvm_help_names_itself(capsys) -> None:
+    from smile_llm.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve-jvm", "--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: smile-llm serve-jvm ")

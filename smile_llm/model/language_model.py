@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..attention.backend import AttentionBackend, select_backend
@@ -125,6 +126,17 @@ class LanguageModel:
         if bad:
             raise ValueError(f"token {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
         return ids
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """Text of token ids (special tokens dropped). ValueError naming the first id outside the vocabulary
+        [0, vocab_size), whatever the id (negative, just past the end, or huge)."""
+        arr = np.asarray(tokens if not isinstance(tokens, (str, bytes)) else [tokens])
+        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+            raise ValueError(f"tokens must be a sequence of int token ids, got {tokens!r:.80}")
+        bad = np.flatnonzero((arr < 0) | (arr >= self.config.vocab_size))
+        if len(bad):
+            raise ValueError(f"token {int(arr[bad[0]])} is outside the vocabulary [0, {self.config.vocab_size})")
+        return self.tokenizer.decode([int(t) for t in arr])
 
     # ------------------------------------------------------------------ generation
     def speculative_tokens_for(self, requested: int | None) -> int:

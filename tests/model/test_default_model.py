@@ -92,3 +92,10 @@ def test_cli_keeps_non_ascii_prompts_and_reports_bad_input() -> None:
     bad = subprocess.run([sys.executable, "-m", "smile_llm", "generate", "--prompt", ""], capture_output=True,
                          text=True)
     assert bad.returncode == 2 and "prompt is empty" in bad.stderr
+
+
+@pytest.mark.parametrize("bad", [-1, 257, 10**9, 2**40])
+def test_decode_refuses_every_id_outside_the_vocabulary_alike(lm: LanguageModel, bad: int) -> None:
+    assert lm.decode([104, 105, 256]) == "hi"
+    with pytest.raises(ValueError, match=rf"^token {bad} is outside the vocabulary \[0, 257\)$"):
+        lm.decode([104, bad])
