@@ -62,6 +62,7 @@ def as_device(value: Any, name: str = "device") -> torch.device:
         raise ValueError(f"{name} 'meta' holds no data; use 'cpu' or 'cuda'")
     try:
         torch.empty(0, device=device)
+    # what torch raises for a device this build or machine lacks: no driver, "not compiled with CUDA", no backend
     except (RuntimeError, AssertionError, NotImplementedError) as e:
         raise ValueError(f"{name} {str(device)!r} is not available here ({str(e).splitlines()[0]})") from None
     return device

@@ -27,6 +27,7 @@ records the eager forward and replays it.
 from __future__ import annotations
 
 import functools
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -115,7 +116,7 @@ class _Bucket:
     out: ForwardOutput | None = None  # static outputs (the graph's), valid after a replay
 
 
-class _GraphRunner:
+class _GraphRunner(ABC):
     """Buckets, warm-up, capture and replay shared by both runners. ``graph_capture`` None means
     :func:`shared_cuda_capture` of the pool's device, and the runner is enabled only where
     :func:`cuda_graphs_supported`; given one, the runner is enabled on any device FlashInfer's backend accepts."""
@@ -189,9 +190,9 @@ class _GraphRunner:
                                       self._write_index(batch, seqlen))
         return self.transformer.run(b.tokens, ctx)
 
+    @abstractmethod
     def _write_index(self, batch: int, seqlen: int) -> torch.Tensor:
         """The pool's fixed write index prepared for this runner's forward (its KV writes go through it)."""
-        raise NotImplementedError
 
     def _run(self, b: _Bucket) -> ForwardOutput:
         """Warm up, capture (then replay explicitly) or replay the bucket; returns owned copies of the outputs."""
