@@ -10,11 +10,11 @@ EMPTY = np.zeros(0, dtype=np.int64)
 EMPTY.setflags(write=False)
 
 
-def as_int_array(values: Any, what: str) -> np.ndarray:
+def as_int_array(values: Any, what: str, non_negative: bool = True) -> np.ndarray:
     """Return ``values`` as a 1-D int64 numpy array (a copy only when needed).
 
     Accepts any int sequence, numpy integer array or integer torch tensor. Raises ValueError for ``None``,
-    non-integer elements (floats, bools, strings), more than one dimension or negative values."""
+    non-integer elements (floats, bools, strings), more than one dimension or (``non_negative``) negative values."""
     if values is None:
         raise ValueError(f"{what} must be a sequence of non-negative ints, got None")
     if hasattr(values, "detach") and hasattr(values, "cpu"):  # torch.Tensor without importing torch here
@@ -25,7 +25,7 @@ def as_int_array(values: Any, what: str) -> np.ndarray:
             raise ValueError(f"{what} must hold ints, got elements of type {odd[0].__name__}")
     elif not hasattr(values, "__len__") and hasattr(values, "__iter__"):  # a generator or other iterator
         values = list(values)
-        return as_int_array(values, what)
+        return as_int_array(values, what, non_negative)
     try:
         arr = np.asarray(values)
     except (TypeError, ValueError) as exc:
@@ -37,6 +37,6 @@ def as_int_array(values: Any, what: str) -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
     arr = arr.astype(np.int64, copy=False)
-    if arr.min() < 0:
+    if non_negative and arr.min() < 0:
         raise ValueError(f"{what} must be non-negative, got {int(arr.min())} at index {int(arr.argmin())}")
     return arr

@@ -112,31 +112,25 @@ class LanguageModel:
 
     # ------------------------------------------------------------------ input checks
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
-        """Token ids of ``prompt`` (text through the tokenizer, or ids checked against the vocabulary)."""
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-        else:
-            try:
-                ids = as_int_array(prompt, "prompt").tolist()
-            except ValueError as exc:
-                raise ValueError(f"{exc} (token ids outside the vocabulary [0, {self.config.vocab_size}))") from None
+        """Token ids of ``prompt`` (text through the tokenizer, or ids checked against the vocabulary like
+        ``decode``). ValueError for an empty prompt or an id outside the vocabulary."""
+        ids = self._vocab_ids(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt, "prompt")
         if not ids:
             raise ValueError("the prompt is empty; give at least one token")
-        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise ValueError(f"token {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
         return ids
 
     def decode(self, tokens: Sequence[int]) -> str:
-        """Text of token ids (special tokens dropped). ValueError naming the first id outside the vocabulary
-        [0, vocab_size), whatever the id (negative, just past the end, or huge)."""
-        arr = np.asarray(tokens if not isinstance(tokens, (str, bytes)) else [tokens])
-        if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-            raise ValueError(f"tokens must be a sequence of int token ids, got {tokens!r:.80}")
+        """Text of token ids (special tokens dropped). ValueError naming the first id outside the vocabulary."""
+        return self.tokenizer.decode(self._vocab_ids(tokens, "tokens"))
+
+    def _vocab_ids(self, values: Any, name: str) -> list[int]:
+        """``values`` as token ids; ValueError naming the first id outside [0, vocab_size), whatever the id
+        (negative, just past the end, or huge), or naming ``name`` for anything but a 1-D int sequence."""
+        arr = as_int_array(values, name, non_negative=False)
         bad = np.flatnonzero((arr < 0) | (arr >= self.config.vocab_size))
         if len(bad):
             raise ValueError(f"token {int(arr[bad[0]])} is outside the vocabulary [0, {self.config.vocab_size})")
-        return self.tokenizer.decode([int(t) for t in arr])
+        return arr.tolist()
 
     # ------------------------------------------------------------------ generation
     def speculative_tokens_for(self, requested: int | None) -> int:

@@ -4,7 +4,6 @@ come. ``on_thinking_tokens`` is reserved."""
 
 from __future__ import annotations
 
-from typing import Any
 
 
 class GenerationListener:
@@ -30,9 +29,3 @@ class GenerationListener:
         """Called with each new piece of decoded text (never empty; a UTF-8 character is never split)."""
         ...
 
-
-def notify(listener: Any, event: str, value: Any) -> None:
-    """Call ``listener.<event>(value)`` if the listener has it (duck typing: any object with some of the methods)."""
-    fn = getattr(listener, event, None) if listener is not None else None
-    if fn is not None:
-        fn(value)

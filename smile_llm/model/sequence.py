@@ -76,25 +76,23 @@ class Sequence:
 
     # ------------------------------------------------------------------ the caller's hooks
     def notify(self, event: str, value: Any) -> None:
-        """Call ``listener.<event>(value)`` if the listener has it. An exception is recorded in ``error`` and
-        finishes the sequence (no further events); it never propagates into the step."""
+        """Call ``listener.<event>(value)`` if the listener has it (see ``_call`` for errors)."""
         listener = self.listener
-        fn = getattr(listener, event, None) if listener is not None and self.error is None else None
-        if fn is None:
-            return
-        try:
-            fn(value)
-        except BaseException as exc:  # noqa: BLE001 - the caller's code: fail this request alone
-            self.fail(exc)
+        self._call(getattr(listener, event, None) if listener is not None else None, value)
 
     def on_round(self, record: Any) -> None:
-        """Give the request's ``on_round`` hook a speculative round's record (errors as in ``notify``)."""
-        hook = self.request.on_round
-        if hook is not None and self.error is None:
-            try:
-                hook(record)
-            except BaseException as exc:  # noqa: BLE001
-                self.fail(exc)
+        """Give the request's ``on_round`` hook a speculative round's record (see ``_call`` for errors)."""
+        self._call(self.request.on_round, record)
+
+    def _call(self, hook: Any, value: Any) -> None:
+        """``hook(value)`` unless there is no hook or the request already failed. An exception is recorded in
+        ``error`` and finishes the sequence (no further events); it never propagates into the step."""
+        if hook is None or self.error is not None:
+            return
+        try:
+            hook(value)
+        except Exception as exc:  # the caller's code: fail this request alone
+            self.fail(exc)
 
     def fail(self, error: BaseException) -> None:
         """Record the first error of this request and stop it producing tokens."""

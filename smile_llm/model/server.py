@@ -220,14 +220,12 @@ class Server:
                         self._thread = None
                     return
                 self._driver = me
-            try:
+            try:  # step() fails the requests of any error inside it, so nothing but an interrupt ends this loop
                 while not self._thread_stop and self._has_work():
                     if not self.step():
                         with self._cv:
                             self._cv.wait(0.001)
-            except BaseException:  # noqa: BLE001 - the scheduler isolates request errors; never die silently
-                time.sleep(0.01)
-            finally:
+            finally:  # a waiting caller takes over if this thread ends
                 with self._cv:
                     self._driver = None
                     self._cv.notify_all()

@@ -360,3 +360,31 @@ def test_peek_prefix_slots_reads_the_tree_without_changing_it():
     with pytest.raises(ValueError):
         pool.peek_prefix_slots([1.5])
     pool.check_invariants()
+
+
+def test_grow_request_appends_private_pages_or_changes_nothing():
+    pool = make_pool(num_slots=8 * PS)
+    a = pool.bind_request([1, 2, 3], 2 * PS)
+    b = pool.bind_request([4, 5, 6], 2 * PS)
+    pool.activate_step(a)
+    write(pool, 0, 3, 1.0)
+    assert pool.grow_request(a, 2 * PS - 1) == 2 * PS  # already that large: nothing changes
+    assert pool.grow_request(a, 3 * PS + 1) == 4 * PS  # page-aligned up
+    assert pool.free_pages == 8 - 6
+    pool.check_invariants()
+    before = (pool.free_pages, pool.stats())
+    with pytest.raises(KvCacheExhaustedError):
+        pool.grow_request(b, 5 * PS)  # needs 3 more pages, 2 are free
+    assert (pool.free_pages, pool.stats()) == before
+    pool.activate_step(a)
+    k = torch.full((1, 10, 1, 2), 7.0)
+    pool.put(0, 3, k, -k)  # writes reach the grown pages
+    assert pool.kv_len(a) == 13
+    handle = pool.offload_request(b)
+    with pytest.raises(RuntimeError, match="offloaded"):
+        pool.grow_request(b, 3 * PS)
+    pool.restore_request(b, handle)
+    pool.finish_request(a, [1, 2, 3] + [0] * 10)
+    pool.unbind_request(b)
+    pool.check_invariants()
+    assert pool.bound_request_count == 0
