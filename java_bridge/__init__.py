@@ -7,7 +7,7 @@ app.jar --main com.example.App -- args`` starts the JVM, registers the Python im
 - ``build``: compiles the Java sources under ``java_bridge/java`` into a jar, cached by source hash.
 - ``jvm``: starts the JVM once per process with that jar on the class path.
 - ``errors``: one decorator that maps Python errors to Java exceptions at the boundary.
-- ``adapters``: the Java interfaces implemented over ``smile_llm`` objects.
+- ``adapters``: the Java interfaces implemented over ``smile_llm`` objects (one module per interface).
 - ``launch``: the launcher. ``threads``: the pinned-thread-state option for fixed Java worker pools.
 
 Importing this package does not import JPype or start a JVM.

@@ -87,7 +87,7 @@ def test_unmapped_error_arrives_as_python_exception_with_type_and_traceback(
     tb = str(exc.pythonTraceback())
     assert tb.startswith("Traceback (most recent call last):")
     assert f'{__file__}", line {line}, in broken_bind' in tb
-    assert "java_bridge/adapters.py" in tb and "in bindRequest" in tb
+    assert "java_bridge/adapters/pool.py" in tb and "in bindRequest" in tb
     assert tb.rstrip().endswith("KeyError: 'no such page table'")
 
 
