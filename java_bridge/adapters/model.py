@@ -2,39 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
-from jpype import JArray, JClass, JFloat, JImplements, JInt
+from jpype import JClass, JImplements
 
 from smile_llm.model import LanguageModel
 
-from ..errors import bridged
+from ..errors import bridged, translated
 from .convert import checked_int, int_array
+from .engine import InferenceEngineAdapter
 from .pool import KvCachePoolAdapter
-
-
-class _JavaListener:
-    """A ``GenerationListener`` (Java) seen from ``generate()``."""
-
-    def __init__(self, listener: Any) -> None:
-        self._l = listener
-
-    def on_input_tokens(self, n: int) -> None:
-        self._l.onInputTokens(int(n))
-
-    def on_cached_input_tokens(self, n: int) -> None:
-        self._l.onCachedInputTokens(int(n))
-
-    def on_generated_tokens(self, n: int) -> None:
-        self._l.onGeneratedTokens(int(n))
-
-    def on_thinking_tokens(self, n: int) -> None:
-        self._l.onThinkingTokens(int(n))
-
-    def on_text(self, chunk: str) -> None:
-        self._l.onText(chunk)
+from .requests import JavaListener, java_completion, java_params, java_prompt, submit_async
 
 
 @JImplements("smile.llm.LanguageModel", deferred=True)
@@ -60,21 +39,37 @@ class LanguageModelAdapter:
     def generate(self, prompt: Any, max_gen_len: int, temperature: float, topp: float, logprobs: bool, seed: int,
                  listener: Any, cancel: Any = None) -> Any:
         """Java ``Completion generate(int[] prompt, int maxGenLen, double temperature, double topp, boolean logprobs,
-        long seed, GenerationListener listener[, BooleanSupplier cancelRequested])``: ``LanguageModel.generate`` (a
-        negative ``maxGenLen`` means 0; a negative ``seed`` is read as the unsigned 64-bit value of its bits, as in
-        Python),
-        listener callbacks forwarded to Java. IllegalArgumentException for bad input,
-        CancellationException when cancelled."""
-        if prompt is None:
-            raise ValueError("prompt must not be null")
-        ids = int_array(prompt).tolist()
-        out = self.model.generate(
-            ids, max(0, int(max_gen_len)), temperature=float(temperature), top_p=float(topp),
-            logprobs=bool(logprobs), seed=int(seed), listener=None if listener is None else _JavaListener(listener),
-            cancel=None if cancel is None else (lambda: bool(cancel.getAsBoolean())))
-        lp = None if out.logprobs is None else JArray(JFloat)(out.logprobs)
-        return JClass("smile.llm.Completion")(out.text, JArray(JInt)(out.prompt_tokens), JArray(JInt)(out.tokens),
-                                              out.finish_reason, lp, json.dumps(out.stats, default=str))
+        long seed, GenerationListener listener[, BooleanSupplier cancelRequested])``: ``LanguageModel.generate`` on
+        the calling thread (it advances the model while no other thread does), listener callbacks forwarded to
+        Java. IllegalArgumentException for bad input (a negative ``maxGenLen`` included; a negative ``seed`` is read
+        as the unsigned 64-bit value of its bits, as in Python), CancellationException when cancelled."""
+        params = java_params(max_gen_len, temperature, topp, logprobs, seed)
+        handle = self.model.submit(java_prompt(prompt), params,
+                                   listener=None if listener is None else JavaListener(listener),
+                                   cancel=None if cancel is None else (lambda: bool(cancel.getAsBoolean())))
+        return java_completion(handle.result())
+
+    def submit(self, prompt: Any, max_gen_len: int, temperature: float, topp: float, logprobs: bool, seed: int,
+               listener: Any) -> Any:
+        """Java ``CompletableFuture<Completion> submit(...)`` (same arguments as ``generate``): queued at once, advanced
+        by the model's serving thread; see ``requests.submit_async``."""
+        return submit_async(self.model, java_prompt(prompt), java_params(max_gen_len, temperature, topp, logprobs,
+                                                                         seed), listener)
+
+    def stream(self, prompt: Any, max_gen_len: int, temperature: float, topp: float, seed: int) -> Any:
+        """Java ``Flow.Publisher<String> stream(...)``: a ``TextPublisher`` that submits the request (``submit``) when
+        its subscriber arrives. Bad input is refused here, before anything is queued."""
+        ids, params = java_prompt(prompt), java_params(max_gen_len, temperature, topp, False, seed)
+
+        def submit_stream(listener: Any) -> Any:
+            return submit_async(self.model, ids, params, listener)
+
+        return JClass("smile.llm.TextPublisher").of(translated(submit_stream))
+
+    def engine(self, max_in_flight: int, prefill_token_budget: int | None = None) -> Any:
+        """Java ``InferenceEngine engine(int maxInFlight[, int prefillTokenBudget])``: attach a continuous-batching
+        engine (IllegalArgumentException for values below 1, IllegalStateException while another is attached)."""
+        return InferenceEngineAdapter.attach(self, max_in_flight, prefill_token_budget)
 
     def kvCachePool(self) -> Any:  # noqa: N802
         """Java ``kvCachePool()``: the model's pool (the same adapter every call)."""

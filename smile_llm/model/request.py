@@ -170,6 +170,8 @@ class RequestHandle:
         self._done = threading.Event()
         self._result: Completion | None = None
         self._error: BaseException | None = None
+        self._callbacks: list[Callable[[RequestHandle], None]] = []
+        self._callbacks_lock = threading.Lock()
         self.cancel_requested = False
 
     def done(self) -> bool:
@@ -196,13 +198,38 @@ class RequestHandle:
         when this returns (from a listener, at the end of the current step). False if it had already finished."""
         return bool(self._server.cancel(self))
 
+    def add_done_callback(self, fn: Callable[[RequestHandle], None]) -> None:
+        """Call ``fn(handle)`` once the request is done: at once on the calling thread if it already is, otherwise on
+        the thread that ends it (the driver's, inside a step, after the request's last listener call, or a thread
+        cancelling it). ``fn`` must return quickly and must not wait on a request; an exception from it is ignored
+        (the request's outcome is already settled). Safe from any thread; callbacks run in the order added."""
+        with self._callbacks_lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        _call_quietly(fn, self)
+
     # ------------------------------------------------------------------ server side
     def _set_result(self, completion: Completion) -> None:
         if not self._done.is_set():
             self._result = completion
-            self._done.set()
+            self._settle()
 
     def _set_error(self, error: BaseException) -> None:
         if not self._done.is_set():
             self._error = error
+            self._settle()
+
+    def _settle(self) -> None:
+        with self._callbacks_lock:
             self._done.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            _call_quietly(fn, self)
+
+
+def _call_quietly(fn: Callable[[RequestHandle], None], handle: RequestHandle) -> None:
+    try:
+        fn(handle)
+    except Exception:  # noqa: BLE001 - a done callback cannot change a settled request
+        pass

@@ -156,12 +156,14 @@ class Server:
             handle.cancel_requested = True
             return True
         with self._cv:
-            for queued in self._intake:
-                if queued.handle is handle:
-                    self._intake.remove(queued)
-                    handle._set_error(GenerationCancelled(f"request {handle.request_number} was cancelled"))
-                    self._cv.notify_all()
-                    return True
+            queued = next((job for job in self._intake if job.handle is handle), None)
+            if queued is not None:
+                self._intake.remove(queued)
+        if queued is not None:  # settled outside the lock: done callbacks run on this thread
+            handle._set_error(GenerationCancelled(f"request {handle.request_number} was cancelled"))
+            with self._cv:
+                self._cv.notify_all()
+            return True
         with self._between_steps():
             if handle.done():
                 return False
@@ -178,13 +180,25 @@ class Server:
 
     # ------------------------------------------------------------------ background driver (InferenceEngine)
     def start_thread(self) -> None:
-        """Start a background driver thread that advances requests while nobody waits (idempotent)."""
+        """Start a background driver thread that advances requests while nobody waits, until ``stop_thread``
+        (idempotent; a driver started by ``serve_until_idle`` stays on)."""
         with self._cv:
-            if self._thread is not None and self._thread.is_alive():
-                return
-            self._thread_stop = self._stop_when_idle = False
-            self._thread = threading.Thread(target=self._serve, name="smile-llm-server", daemon=True)
-            self._thread.start()
+            self._stop_when_idle = False
+            if self._thread is None or not self._thread.is_alive():
+                self._start_thread_locked()
+
+    def serve_until_idle(self) -> None:
+        """Make sure queued requests advance without a waiting caller: start a background driver that stops once no
+        request is left, unless a driver thread already runs (an engine's, or an earlier one's)."""
+        with self._cv:
+            if self._thread is None or not self._thread.is_alive():
+                self._start_thread_locked()
+                self._stop_when_idle = True
+
+    def _start_thread_locked(self) -> None:
+        self._thread_stop = False
+        self._thread = threading.Thread(target=self._serve, name="smile-llm-server", daemon=True)
+        self._thread.start()
 
     def stop_thread(self, wait: bool = True, when_idle: bool = False) -> None:
         """Stop the background driver after the current step (``when_idle``: once no request is left); ``wait``

@@ -253,3 +253,58 @@ def test_a_single_caller_runs_every_step_on_its_own_thread(lm, solo):
     assert lm.generate(PROMPTS[0], NEW, listener=Where()).tokens == solo[0]
     assert threads == {threading.get_ident()}  # no hop to a serving thread
     assert not lm.server.thread_alive
+
+
+def test_serve_until_idle_finishes_requests_nobody_waits_on_then_stops(lm, solo):
+    done = threading.Event()
+    outcomes: list = []
+
+    def settled(handle) -> None:
+        outcomes.append((handle.request_number, handle.done(), handle.exception(0)))
+        if len(outcomes) == 3:
+            done.set()
+
+    handles = [lm.submit(p, SamplingParams(NEW)) for p in PROMPTS[:3]]
+    for h in handles:
+        h.add_done_callback(settled)
+    lm.server.serve_until_idle()
+    assert done.wait(60), "requests nobody waited on did not finish"
+    assert sorted(outcomes) == [(h.request_number, True, None) for h in handles]
+    assert [h.result(0).tokens for h in handles] == solo[:3]
+    for _ in range(200):  # the driver stops once idle
+        if not lm.server.thread_alive:
+            break
+        time.sleep(0.01)
+    assert not lm.server.thread_alive
+    assert_no_leak(lm)
+
+
+def test_done_callbacks_run_once_in_order_and_after_the_fact(lm, solo):
+    calls: list = []
+    handle = lm.submit(PROMPTS[1], SamplingParams(NEW))
+    handle.add_done_callback(lambda h: calls.append(("first", h.done())))
+    handle.add_done_callback(lambda h: 1 / 0)  # ignored: the outcome is settled
+    handle.add_done_callback(lambda h: calls.append(("second", h.done())))
+    assert handle.result().tokens == solo[1]
+    handle.add_done_callback(lambda h: calls.append(("late", threading.get_ident())))
+    assert calls == [("first", True), ("second", True), ("late", threading.get_ident())]
+
+
+def test_cancelling_a_queued_request_settles_it_outside_the_server_lock(lm):
+    seen: list = []
+    handle = lm.submit(PROMPTS[2], SamplingParams(NEW))
+    # the callback takes the server's intake lock: it would deadlock if run while cancel held it
+    handle.add_done_callback(lambda h: seen.append((lm.server.num_waiting, type(h.exception(0)).__name__)))
+    assert handle.cancel()
+    assert seen == [(0, "GenerationCancelled")]
+    assert_no_leak(lm)
+
+
+def test_an_engine_keeps_a_driver_started_by_serve_until_idle(lm, solo):
+    lm.server.serve_until_idle()  # nothing queued: it stops at once, or is still alive when the engine attaches
+    with InferenceEngine(lm, 2) as engine:
+        time.sleep(0.05)
+        assert lm.server.thread_alive  # the engine's driver does not stop when idle
+        handle = engine.submit(PROMPTS[3], SamplingParams(NEW))
+        assert handle.result(60).tokens == solo[3]
+    assert_no_leak(lm)

@@ -1,0 +1,108 @@
+"""Java generation arguments to a validated request, and a finished request back to Java, for every caller of the
+bridge: the synchronous ``generate``, ``submit`` (a ``CompletableFuture``) and the engine's ``GenerationRequest``.
+
+Asynchronous requests report to a Java ``smile.llm.python.AsyncGeneration``: the serving thread only hands it each
+listener event and, through ``RequestHandle.add_done_callback``, the outcome; the Java side delivers them in order
+on its own delivery threads and completes the future last.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from jpype import JArray, JClass, JFloat, JImplements, JInt
+
+from smile_llm.model import LanguageModel
+from smile_llm.model.request import RequestHandle, SamplingParams
+from smile_llm.model.sequence import Completion
+
+from ..errors import bridged, to_java
+from .convert import int_array
+
+JAVA_NAMES = {"max_new_tokens": "maxGenLen", "top_p": "topp"}  # Python field -> Java parameter
+
+
+def java_params(max_gen_len: Any, temperature: Any, topp: Any, logprobs: Any, seed: Any) -> SamplingParams:
+    """``SamplingParams`` from Java's ``generate`` arguments, validated there (the one validation of Python and
+    Java callers alike: a negative ``maxGenLen`` is refused, never clamped). ValueError naming the Java parameter
+    and the Python field; a negative ``seed`` is read as the unsigned value of its 64 bits."""
+    try:
+        return SamplingParams(int(max_gen_len), float(temperature), float(topp), int(seed), bool(logprobs))
+    except ValueError as exc:
+        msg = str(exc)
+        for py, java in JAVA_NAMES.items():
+            if msg.startswith(py + " "):
+                msg = f"{java} ({py}){msg[len(py):]}"
+        raise type(exc)(msg) from None
+
+
+def java_prompt(prompt: Any) -> list[int]:
+    """A Java ``int[]`` prompt as a list; ValueError for null (the vocabulary is checked by ``Request.create``)."""
+    if prompt is None:
+        raise ValueError("prompt must not be null")
+    return int_array(prompt).tolist()
+
+
+def java_completion(out: Completion) -> Any:
+    """A ``smile.llm.Completion`` record of ``out``."""
+    lp = None if out.logprobs is None else JArray(JFloat)(out.logprobs)
+    return JClass("smile.llm.Completion")(out.text, JArray(JInt)(out.prompt_tokens), JArray(JInt)(out.tokens),
+                                          out.finish_reason, lp, json.dumps(out.stats, default=str))
+
+
+class JavaListener:
+    """A Java ``GenerationListener`` seen from the scheduler (Python's listener protocol)."""
+
+    def __init__(self, listener: Any) -> None:
+        self._l = listener
+
+    def on_input_tokens(self, n: int) -> None:
+        self._l.onInputTokens(int(n))
+
+    def on_cached_input_tokens(self, n: int) -> None:
+        self._l.onCachedInputTokens(int(n))
+
+    def on_generated_tokens(self, n: int) -> None:
+        self._l.onGeneratedTokens(int(n))
+
+    def on_thinking_tokens(self, n: int) -> None:
+        self._l.onThinkingTokens(int(n))
+
+    def on_text(self, chunk: str) -> None:
+        self._l.onText(chunk)
+
+
+@JImplements("java.lang.Runnable", deferred=True)
+@bridged
+class CancelRequest:
+    """The cancel action of a Java ``GenerationFuture``: ``RequestHandle.cancel`` (pages free on return)."""
+
+    def __init__(self, handle: RequestHandle) -> None:
+        self._handle = handle
+
+    def run(self) -> None:
+        """Cancel the request; nothing if it already ended."""
+        self._handle.cancel()
+
+
+def submit_async(model: LanguageModel, prompt: Any, params: SamplingParams, listener: Any,
+                 submit: Callable[..., RequestHandle] | None = None) -> Any:
+    """Queue one request for a Java caller and return its ``GenerationFuture`` at once. ``submit`` queues it
+    (default ``model.submit``; an engine passes its own). The model's serving thread is started if none runs
+    (``Server.serve_until_idle``). ValueError/TypeError for bad input, before anything is queued."""
+    delivery = JClass("smile.llm.python.AsyncGeneration")(listener)
+    handle = (submit or model.submit)(prompt, params, listener=None if listener is None else JavaListener(delivery))
+    delivery.attach(handle.request_number, CancelRequest(handle))
+    handle.add_done_callback(lambda h: _settle(delivery, h))
+    model.server.serve_until_idle()
+    return delivery.future()
+
+
+def _settle(delivery: Any, handle: RequestHandle) -> None:
+    error = handle.exception(0)
+    if error is None:
+        delivery.complete(java_completion(handle.result(0)))
+    else:
+        delivery.fail(to_java(error))
