@@ -11,8 +11,9 @@ proxy, so what is measured is Java calling Python, not the one Python -> Java ca
         ``freePages()`` and ``bindRequest(32 tokens, 64) + unbindRequest``, against the same calls made directly in
         Python on the same pool (``pool.free_pages``; ``pool.bind_request`` + ``pool.unbind_request``), and the
         adapter's method called from Python (the Python half of a Java call, without the crossing).
-    (b) ``freePages()`` from a JVM-created worker thread, unpinned (JPype makes a Python thread state per call)
-        and after ``Bridge.pinCurrentThread()``, against (a)'s main thread.
+    (b) the call-overhead table: ``freePages()`` from the launcher (Python main) thread, from a JVM-created worker
+        thread unpinned (JPype makes a Python thread state per call) and after ``Bridge.pinCurrentThread()``,
+        each against ``pool.free_pages`` called in Python (goal: <= 2 us from the launcher and pinned threads).
     (c) ``put``/``get`` of one 64 KiB K block plus one 64 KiB V block (float32 ``[1, 16, 8, 128]``, page size 16)
         through native-order direct ``ByteBuffer``s, against ``pool.put``/``pool.get`` with torch tensors on the
         same pool, and the adapter's ``put``/``get`` called from Python with the same Java buffers. Java's ``get``
@@ -57,6 +58,8 @@ from smile_llm.cache import KvCachePool  # noqa: E402
 
 Timer = Callable[[int], float]  # n calls -> seconds for all n
 KEEP: list[Any] = []
+GOAL_US = 2.0  # the call-overhead goal for the launcher thread and pinned threads
+CALLS: dict[str, float] = {}  # (b)'s medians, seconds per call, for the closing summary
 
 
 # ---------------------------------------------------------------------------------------------------- timing
@@ -180,18 +183,24 @@ def calls(jpype: Any, bench: Any, repeats: int, block_s: float) -> None:
 
     thread_names = (str(bench.workerThreadName(False)), str(bench.workerThreadName(True)))
     t = medians({
+        "python": python_timer(lambda: pool.free_pages),
         "main": java_timer(lambda n: bench.freePages(adapter, n)),
         "unpinned": java_timer(lambda n: bench.freePagesOnJavaThread(adapter, n, False)),
         "pinned": java_timer(lambda n: bench.freePagesOnJavaThread(adapter, n, True)),
     }, repeats, block_s)
-    print("(b) freePages() from Java, by the thread that calls")
-    print(f"{'caller':44} {'us/call':>9} {'calls/s':>11} {'vs main':>8}")
-    rows = (("Python main thread (launcher's main)", "main"),
-            (f"JVM-created thread '{thread_names[0]}', unpinned", "unpinned"),
-            (f"JVM-created thread '{thread_names[1]}', pinned", "pinned"))
-    for label, key in rows:
-        print(f"{label:44} {us(t[key])} {1 / t[key]:11,.0f} {t[key] / t['main']:7.2f}x")
-    print(f"  pinning makes a JVM-created thread {t['unpinned'] / t['pinned']:.1f}x cheaper to call from\n")
+    print(f"(b) call overhead: one trivial bridged call, freePages(), by the thread that calls (goal <= {GOAL_US:g} us "
+          f"from the launcher thread and a pinned thread)")
+    print(f"{'caller':46} {'us/call':>9} {'python us':>9} {'ratio':>8} {'calls/s':>11}  goal")
+    rows = (("launcher (Python main) thread", "main", True),
+            (f"JVM-created thread '{thread_names[0]}', unpinned", "unpinned", False),
+            (f"JVM-created thread '{thread_names[1]}', pinned", "pinned", True))
+    for label, key, goal in rows:
+        verdict = ("met" if t[key] * 1e6 <= GOAL_US else "MISSED") if goal else "none"
+        print(f"{label:46} {us(t[key])} {us(t['python'])} {t[key] / t['python']:7.1f}x {1 / t[key]:11,.0f}  "
+              f"{verdict}")
+    print("  python = pool.free_pages called in Python on the same pool (the peer); ratio = us/call / python us;\n"
+          f"  pinning makes a JVM-created thread {t['unpinned'] / t['pinned']:.1f}x cheaper to call from\n")
+    CALLS.update(t)
     pool.close()
 
 
@@ -243,7 +252,7 @@ def buffers(jpype: Any, bench: Any, repeats: int, block_s: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- (d)
-def generation(jpype: Any, bench: Any, model: Any, repeats: int, new: int, prompt: str) -> None:
+def generation(jpype: Any, bench: Any, model: Any, repeats: int, new: int, prompt: str) -> float:
     ids = model.encode(prompt)
     jids = jpype.JArray(jpype.JInt)(ids)
     times: dict[str, list[float]] = {"python": [], "java": [], "java+listener": []}
@@ -315,6 +324,10 @@ def main() -> None:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"\ntotal {time.perf_counter() - t0:.0f} s (load average at the end {load})")
     print(f"headline: java bridge generate() from Java at {speed:.2f}x the Python speed (outputs identical)")
+    print("call overhead, freePages(): " + ", ".join(
+        f"{name} {CALLS[key] * 1e6:.2f} us" for name, key in (("launcher thread", "main"),
+                                                              ("JVM thread unpinned", "unpinned"),
+                                                              ("pinned", "pinned"), ("Python peer", "python"))))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ def run(argv: list[str], prog: str = "python -m java_bridge") -> int:
 
     jpype = start_jvm(entries, args.jvm_arg, args.torch_threads)
     from .adapters import FactoryAdapter, LanguageModelAdapter, PinThread
+    from .errors import bridged
 
     bridge = jpype.JClass("smile.llm.python.Bridge")
     factory = FactoryAdapter()
@@ -67,12 +68,14 @@ def run(argv: list[str], prog: str = "python -m java_bridge") -> int:
         bridge.register("model", LanguageModelAdapter(model))
 
     @jpype.JImplements("java.lang.Runnable")
+    @bridged
     class Cleanup:
-        @jpype.JOverride
-        def run(self) -> None:
-            factory._close_all()
-            if model is not None:
-                model.close()
+        def run(self) -> None:  # on JPype's shutdown thread: an error there is a mapped Java exception
+            try:
+                factory._close_all()
+            finally:
+                if model is not None:
+                    model.close()
 
     jpype.java.lang.Runtime.getRuntime().addShutdownHook(jpype.java.lang.Thread(Cleanup()))
     try:

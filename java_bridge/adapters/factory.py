@@ -48,12 +48,10 @@ class FactoryAdapter:
 
 
 @JImplements("java.lang.Runnable", deferred=True)
+@bridged
 class PinThread:
     """``Bridge.pinCurrentThread()``: see ``threads.pin_current_thread``."""
 
-    from jpype import JOverride as _override
-
-    @_override
     def run(self) -> None:
         """Pin the calling thread's Python thread state (``threads.pin_current_thread``); later calls do nothing."""
         pin_current_thread()

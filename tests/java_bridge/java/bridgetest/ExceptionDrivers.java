@@ -45,6 +45,15 @@ public final class ExceptionDrivers {
         return none("freePages");
     }
 
+    public static Throwable run(Runnable r) {
+        try {
+            r.run();
+        } catch (Throwable t) {
+            return t;
+        }
+        return none("run");
+    }
+
     public static Throwable get(KvCachePool pool, int layer, int length) {
         try {
             Kv.get(pool, layer, length);
