@@ -1,8 +1,13 @@
-"""``smile.llm.cache.KvCachePool`` and ``RadixCache`` implemented over a ``smile_llm.cache.KvCachePool``."""
+"""``smile.llm.cache.KvCachePool`` implemented over a ``smile_llm.cache.KvCachePool`` (its tree: ``radix``).
+
+K/V buffers follow Java NIO: each is read or written from its ``position()`` and left with its position and limit
+unchanged (``convert.buffer_view``). The step verbs take a scalar (every active row) or one value per row: the Java
+overloads arrive at the same Python method (``convert.int_or_array``)."""
 
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import jpype
@@ -14,37 +19,8 @@ from jpype import JArray, JClass, JImplements, JInt
 from smile_llm.cache import KvCachePool
 
 from ..errors import bridged
-from .convert import buffer_view, checked_int, int_array
-
-
-@JImplements("smile.llm.cache.RadixCache", deferred=True)
-@bridged
-class RadixCacheAdapter:
-    """``smile.llm.cache.RadixCache`` over a pool's prefix tree, read-only (mutate the tree through the pool)."""
-
-    def __init__(self, pool: KvCachePool) -> None:
-        self._pool = pool
-
-    def matchPrefix(self, tokens: Any) -> np.ndarray:  # noqa: N802 - Java names
-        """Java ``int[] matchPrefix(int[] tokens)``: the slot ids of the longest cached page-aligned prefix, without
-        splitting nodes, locking or touching LRU times (changes nothing)."""
-        return self._pool.peek_prefix_slots(int_array(tokens)).astype(np.int32)  # changes nothing
-
-    def totalSize(self) -> int:  # noqa: N802
-        """Java ``totalSize()``: cached tokens."""
-        return checked_int(self._pool.radix.total_size(), "totalSize")
-
-    def evictableSize(self) -> int:  # noqa: N802
-        """Java ``evictableSize()``: cached tokens no request holds."""
-        return checked_int(self._pool.radix.evictable_size, "evictableSize")
-
-    def protectedSize(self) -> int:  # noqa: N802
-        """Java ``protectedSize()``: cached tokens locked by bound requests."""
-        return checked_int(self._pool.radix.protected_size, "protectedSize")
-
-    def pageSize(self) -> int:  # noqa: N802
-        """Java ``pageSize()``."""
-        return checked_int(self._pool.page_size, "pageSize")
+from .convert import buffer_view, checked_int, int_array, int_or_array, java_device, java_scalar_type
+from .radix import PoolTree, RadixCacheAdapter
 
 
 @JImplements("smile.llm.cache.KvCachePool", deferred=True)
@@ -54,7 +30,8 @@ class KvCachePoolAdapter:
 
     def __init__(self, pool: KvCachePool) -> None:
         self.pool = pool
-        self._radix = RadixCacheAdapter(pool)
+        self._radix: Any = None  # the Java RadixCache over the pool's tree, made on first use
+        self._radix_lock = threading.Lock()
         self._exported: dict[tuple[str, int], Any] = {}  # keeps exported memory alive as long as the adapter
 
     # geometry and counters
@@ -81,6 +58,26 @@ class KvCachePoolAdapter:
     def dtype(self) -> str:
         """Java ``dtype()``: the storage dtype as torch names it (``"torch.float32"``)."""
         return str(self.pool.dtype)
+
+    def computeDtype(self) -> Any:  # noqa: N802
+        """Java ``ScalarType computeDtype()``: the dtype ``get`` returns and ``put`` takes."""
+        return java_scalar_type(self.pool.compute_dtype)
+
+    def kvIsComputeDtype(self) -> bool:  # noqa: N802
+        """Java ``kvIsComputeDtype()``: K/V are stored in the compute dtype (not FP8)."""
+        return bool(self.pool.kv_is_compute_dtype)
+
+    def kScale(self) -> float:  # noqa: N802
+        """Java ``float kScale()``: the FP8 K scale (1.0 for float storage)."""
+        return float(self.pool.k_scale)
+
+    def vScale(self) -> float:  # noqa: N802
+        """Java ``float vScale()``: the FP8 V scale (1.0 for float storage)."""
+        return float(self.pool.v_scale)
+
+    def device(self) -> Any:
+        """Java ``Device device()``: the pool's device (``Device.CPU()`` for a CPU pool)."""
+        return java_device(self.pool.device)
 
     def freePages(self) -> int:  # noqa: N802
         """Java ``freePages()``."""
@@ -122,9 +119,19 @@ class KvCachePoolAdapter:
         """Java ``prefixEvictTokens()``: tokens the pool evicted from the tree (cumulative)."""
         return checked_int(self.pool.prefix_evict_tokens, "prefixEvictTokens")
 
+    def radix(self) -> Any:
+        """Java ``RadixCache radix()``: the pool's tree (the same object every call): queries and ``matchPrefix`` under
+        the pool's lock; mutations throw IllegalStateException (``radix.PoolTree``). IllegalStateException once the
+        pool is closed."""
+        self.pool.radix  # noqa: B018 - PoolClosedError (IllegalStateException) after close()
+        with self._radix_lock:
+            if self._radix is None:
+                self._radix = JClass("smile.llm.cache.RadixCache")(RadixCacheAdapter(PoolTree(self.pool)))
+            return self._radix
+
     def radixCache(self) -> Any:  # noqa: N802
-        """Java ``radixCache()``: a read-only ``RadixCache`` view of the pool's tree (the same object every call)."""
-        return self._radix
+        """Java ``radixCache()``: the same tree as ``radix()``."""
+        return self.radix()
 
     # binding
     def bindRequest(self, prompt: Any, capacity: int) -> int:  # noqa: N802
@@ -191,24 +198,37 @@ class KvCachePoolAdapter:
 
     def put(self, layer: int, start: Any, seqlen: int, k: Any, v: Any) -> None:
         """Java ``put(int layer, int startPos | int[] startPositions, int seqLen, ByteBuffer k, ByteBuffer v)``: write
-        ``[B, seqLen, Hkv, D]`` values of the compute dtype from direct native-order buffers, viewed without a copy.
-        IllegalArgumentException for a heap buffer, wrong byte order or a buffer too small; IllegalStateException
-        without an active step."""
+        ``[B, seqLen, Hkv, D]`` values of the compute dtype from direct native-order buffers, viewed from their
+        positions without a copy (read-only buffers too). IllegalArgumentException for a heap buffer, wrong byte order
+        or too few bytes remaining; IllegalStateException without an active step."""
         shape = self._shape(seqlen)
         dtype = self.pool.compute_dtype
-        start_pos = int(start) if isinstance(start, int) else int_array(start)
-        self.pool.put(int(layer), start_pos, buffer_view(k, dtype, shape, "k"), buffer_view(v, dtype, shape, "v"))
+        k_in = buffer_view(k, dtype, shape, "k", output=False)
+        v_in = buffer_view(v, dtype, shape, "v", output=False)
+        self.pool.put(int(layer), int_or_array(start), k_in, v_in)
 
     def get(self, layer: int, length: int, k: Any, v: Any) -> None:
         """Java ``get(int layer, int length, ByteBuffer k, ByteBuffer v)``: copy positions ``[0, length)`` of every
-        active row into the caller's direct native-order buffers (``[B, length, Hkv, D]``, compute dtype). Same buffer
-        errors as ``put``."""
-        shape = self._shape(length)
-        dtype = self.pool.compute_dtype
-        k_out, v_out = buffer_view(k, dtype, shape, "k"), buffer_view(v, dtype, shape, "v")
+        active row into the caller's direct native-order buffers (``[B, length, Hkv, D]``, compute dtype), from their
+        positions. Same buffer errors as ``put``, and IllegalArgumentException for a read-only buffer."""
+        k_out, v_out = self._outputs(length, k, v)
         k_in, v_in = self.pool.get(int(layer), int(length))
         k_out.copy_(k_in)
         v_out.copy_(v_in)
+
+    def getPadded(self, layer: int, length: int, k: Any, v: Any) -> None:  # noqa: N802
+        """Java ``getPadded(int layer, int length, ByteBuffer k, ByteBuffer v)``: ``get_padded`` into the caller's
+        buffers: ``length`` up to the largest active capacity, positions past a row's capacity repeat its last slot.
+        Same buffer rules as ``get``."""
+        k_out, v_out = self._outputs(length, k, v)
+        k_in, v_in = self.pool.get_padded(int(layer), int(length))
+        k_out.copy_(k_in)
+        v_out.copy_(v_in)
+
+    def _outputs(self, length: int, k: Any, v: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = self._shape(length)
+        dtype = self.pool.compute_dtype
+        return buffer_view(k, dtype, shape, "k", output=True), buffer_view(v, dtype, shape, "v", output=True)
 
     def _export(self, which: str, layer: int) -> Any:
         key = (which, int(layer))
@@ -233,10 +253,13 @@ class KvCachePoolAdapter:
         """Java ``ByteBuffer valueLayer(int layer)``: the V storage; see ``keyLayer``."""
         return self._export("v", layer)
 
-    def slotIndices(self, length: int) -> np.ndarray:  # noqa: N802
+    def slotIndices(self, first: Any, seqlen: Any = None) -> np.ndarray:  # noqa: N802
         """Java ``long[] slotIndices(int length)``: the physical slots of positions ``[0, length)`` of every active row,
-        row-major."""
-        return np.asarray(self.pool.slot_indices(int(length)), dtype=np.int64)
+        row-major; ``long[] slotIndices(int[] startPos, int seqlen)``: of ``[startPos[b], startPos[b] + seqlen)``
+        (``window_slot_indices``)."""
+        if seqlen is None:
+            return np.asarray(self.pool.slot_indices(int(first)), dtype=np.int64)
+        return np.asarray(self.pool.window_slot_indices(int_array(first), int(seqlen)), dtype=np.int64)
 
     def alloc(self, num_tokens: int) -> np.ndarray:
         """Java ``long[] alloc(int numTokens)``: page-aligned caller-owned slot ids; ``KvCacheExhaustedException`` if
@@ -261,32 +284,36 @@ class KvCachePoolAdapter:
         return JArray(JInt, 2)(rows)
 
     def sharedFlashInferMetadata(self, lengths: Any) -> Any:  # noqa: N802
-        """Java ``int[][] sharedFlashInferMetadata(int... lengths)``: ``{indptr, indices, lastPageLen}`` of the step CSR
-        (reused / bumped / rebuilt), copied to the host."""
-        return self._csr(self.pool.shared_flashinfer_metadata(int_array(lengths)))
+        """Java ``int[][] sharedFlashInferMetadata(int[] lengths | int length)``: ``{indptr, indices, lastPageLen}`` of
+        the step CSR (reused / bumped / rebuilt), copied to the host."""
+        return self._csr(self.pool.shared_flashinfer_metadata(int_or_array(lengths)))
 
     def buildFlashInferMetadata(self, lengths: Any) -> Any:  # noqa: N802
-        """Java ``int[][] buildFlashInferMetadata(int... lengths)``: ``{indptr, indices, lastPageLen}`` of a fresh CSR
-        of the active rows."""
-        return self._csr(self.pool.build_flashinfer_metadata(int_array(lengths)))
+        """Java ``int[][] buildFlashInferMetadata(int[] lengths | int length)``: ``{indptr, indices, lastPageLen}`` of
+        a fresh CSR of the active rows."""
+        return self._csr(self.pool.build_flashinfer_metadata(int_or_array(lengths)))
 
     def clearStepMetadata(self) -> None:  # noqa: N802
-        """Java ``clearStepMetadata()``."""
+        """Java ``clearStepMetadata()``: forget the step CSR."""
+        self.pool.clear_step_metadata()
+
+    def clearStepFlashInferMetadata(self) -> None:  # noqa: N802
+        """Java ``clearStepFlashInferMetadata()`` (Smile's name of ``clearStepMetadata``)."""
         self.pool.clear_step_metadata()
 
     def sealLength(self, sealed: Any) -> bool:  # noqa: N802
-        """Java ``boolean sealLength(int... sealedLen)``: true when the step CSR kept its tensors."""
-        return bool(self.pool.seal_length(int_array(sealed)))
+        """Java ``boolean sealLength(int[] sealedLen | int sealedLen)``: true when the step CSR kept its tensors."""
+        return bool(self.pool.seal_length(int_or_array(sealed)))
 
     def truncateTo(self, sealed: Any, written_end: Any) -> bool:  # noqa: N802
-        """Java ``boolean truncateTo(int[] sealedLen, int[] writtenEnd)``: ``truncate_to``; IllegalArgumentException if
-        ``writtenEnd < sealedLen`` or beyond a row's capacity."""
-        return bool(self.pool.truncate_to(int_array(sealed), int_array(written_end)))
+        """Java ``boolean truncateTo(int[] sealedLen, int[] writtenEnd)`` or ``(int, int)``: ``truncate_to``;
+        IllegalArgumentException if ``writtenEnd < sealedLen`` or beyond a row's capacity."""
+        return bool(self.pool.truncate_to(int_or_array(sealed), int_or_array(written_end)))
 
     def invalidateRange(self, from_pos: Any, end_pos: Any) -> None:  # noqa: N802
-        """Java ``invalidateRange(int[] fromPos, int[] endPos)``: zero those positions on every layer; ``kvLen`` drops
-        to at most ``fromPos``."""
-        self.pool.invalidate_range(int_array(from_pos), int_array(end_pos))
+        """Java ``invalidateRange(int[] fromPos, int[] endPos)`` or ``(int, int)``: zero those positions on every
+        layer; ``kvLen`` drops to at most ``fromPos``."""
+        self.pool.invalidate_range(int_or_array(from_pos), int_or_array(end_pos))
 
     # page buckets
     def numPagesForLength(self, n: int) -> int:  # noqa: N802

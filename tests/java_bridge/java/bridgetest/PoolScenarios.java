@@ -475,7 +475,7 @@ public final class PoolScenarios {
             ByteBuffer swapped = ByteBuffer.allocateDirect(n * 4).order(other);
             expect(IllegalArgumentException.class, "direct ByteBuffer", () -> pool.put(0, 0, 1, heap, good));
             expect(IllegalArgumentException.class, "native byte order", () -> pool.put(0, 0, 1, good, swapped));
-            expect(IllegalArgumentException.class, "holds 4 bytes", () -> pool.put(0, 0, 1, good, Kv.floats(1)));
+            expect(IllegalArgumentException.class, "v has 4 bytes remaining (position 0, limit 4), need 128", () -> pool.put(0, 0, 1, good, Kv.floats(1)));
             expect(IllegalArgumentException.class, "must not be null", () -> pool.put(0, 0, 1, null, good));
             expect(IllegalArgumentException.class, "direct ByteBuffer", () -> pool.get(0, 1, heap, good));
             expect(IllegalArgumentException.class, "layer", () -> pool.put(5, 0, 1, good, good));

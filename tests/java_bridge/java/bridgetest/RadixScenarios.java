@@ -36,6 +36,14 @@ public final class RadixScenarios {
         return out;
     }
 
+    /** {@code pool.radix().matchPrefix(tokens)}'s slot ids, as ints. */
+    static int[] match(KvCachePool pool, int... tokens) {
+        long[] slots = pool.radix().matchPrefix(tokens).indices();
+        int[] out = new int[slots.length];
+        for (int i = 0; i < out.length; i++) out[i] = Math.toIntExact(slots[i]);
+        return out;
+    }
+
     static int[] head(int[] a, int n) {
         return Arrays.copyOf(a, n);
     }
@@ -50,7 +58,7 @@ public final class RadixScenarios {
     public static void insertSingleSequenceThenMatchReturnsFullSequence(List<String> log) {
         try (KvCachePool pool = pool(1)) {
             int[] slots = insert(pool, 1, 2, 3);
-            eq(slots, pool.radixCache().matchPrefix(new int[] {1, 2, 3}), "match");
+            eq(slots, match(pool, 1, 2, 3), "match");
             eq(1, pool.radixCache().pageSize(), "pageSize");
             log.add("slots=" + Arrays.toString(slots));
         }
@@ -65,7 +73,7 @@ public final class RadixScenarios {
             pool.unbindRequest(id);
             int[] longer = insert(pool, 1, 2, 3, 4, 5);
             eq(first, head(longer, 3), "the longer sequence reuses the cached slots");
-            eq(longer, pool.radixCache().matchPrefix(new int[] {1, 2, 3, 4, 5}), "match of the longer sequence");
+            eq(longer, match(pool, 1, 2, 3, 4, 5), "match of the longer sequence");
             eq(5, pool.radixCache().totalSize(), "totalSize");
         }
     }
@@ -76,8 +84,8 @@ public final class RadixScenarios {
             int[] a = insert(pool, 1, 2, 3);
             int[] b = insert(pool, 1, 2, 4, 5);
             eq(head(a, 2), head(b, 2), "the shared [1, 2] is stored once");
-            eq(a, pool.radixCache().matchPrefix(new int[] {1, 2, 3}), "match a");
-            eq(b, pool.radixCache().matchPrefix(new int[] {1, 2, 4, 5}), "match b");
+            eq(a, match(pool, 1, 2, 3), "match a");
+            eq(b, match(pool, 1, 2, 4, 5), "match b");
             eq(5, pool.radixCache().totalSize(), "totalSize");
         }
     }
@@ -86,7 +94,7 @@ public final class RadixScenarios {
     public static void matchUnknownSequenceThenReturnsEmpty(List<String> log) {
         try (KvCachePool pool = pool(1)) {
             insert(pool, 1, 2, 3);
-            eq(new int[0], pool.radixCache().matchPrefix(new int[] {9, 8, 7}), "match");
+            eq(new int[0], match(pool, 9, 8, 7), "match");
         }
     }
 
@@ -94,7 +102,7 @@ public final class RadixScenarios {
     public static void matchPartialPrefixThenReturnsMatchedPortion(List<String> log) {
         try (KvCachePool pool = pool(1)) {
             int[] slots = insert(pool, 1, 2, 3, 4, 5);
-            eq(head(slots, 3), pool.radixCache().matchPrefix(new int[] {1, 2, 3, 9, 9}), "match");
+            eq(head(slots, 3), match(pool, 1, 2, 3, 9, 9), "match");
         }
     }
 
@@ -105,7 +113,7 @@ public final class RadixScenarios {
             int[] again = insert(pool, 1, 2, 3);
             eq(head(first, 2), head(again, 2), "the second bind reused the prefix");
             eq(3, pool.radixCache().totalSize(), "totalSize");
-            eq(first, pool.radixCache().matchPrefix(new int[] {1, 2, 3}), "duplicates were not stored");
+            eq(first, match(pool, 1, 2, 3), "duplicates were not stored");
             eq(61, pool.freePages(), "the duplicate page was freed");
         }
     }
@@ -136,7 +144,7 @@ public final class RadixScenarios {
             sizes(pool.radixCache(), 3, 0, 3);
             pool.unbindRequest(id); // decLockRef
             sizes(pool.radixCache(), 3, 3, 0);
-            int[] m = pool.radixCache().matchPrefix(new int[] {1, 2, 3});
+            int[] m = match(pool, 1, 2, 3);
             eq(3, m.length, "the locked node survived eviction");
         }
     }
@@ -165,7 +173,7 @@ public final class RadixScenarios {
             eq(2, pool.radixCache().pageSize(), "pageSize");
             int[] slots = insert(pool, 1, 2, 3, 4, 5);
             eq(4, pool.radixCache().totalSize(), "totalSize");
-            eq(head(slots, 4), pool.radixCache().matchPrefix(new int[] {1, 2, 3, 4, 5}), "match");
+            eq(head(slots, 4), match(pool, 1, 2, 3, 4, 5), "match");
         }
     }
 
@@ -173,7 +181,7 @@ public final class RadixScenarios {
     public static void pageSizeOfTwoWhenMatchSharedPrefixThenResultIsPageAligned(List<String> log) {
         try (KvCachePool pool = pool(2)) {
             int[] slots = insert(pool, 1, 2, 3, 4, 5, 6);
-            eq(head(slots, 2), pool.radixCache().matchPrefix(new int[] {1, 2, 3, 9}), "match");
+            eq(head(slots, 2), match(pool, 1, 2, 3, 9), "match");
         }
     }
 
@@ -181,8 +189,8 @@ public final class RadixScenarios {
     public static void matchPartialThenNodeIsSplitAndRematchedStably(List<String> log) {
         try (KvCachePool pool = pool(1)) {
             insert(pool, 1, 2, 3, 4, 5);
-            int[] m1 = pool.radixCache().matchPrefix(new int[] {1, 2, 3, 9, 9});
-            int[] m2 = pool.radixCache().matchPrefix(new int[] {1, 2, 3, 9, 9});
+            int[] m1 = match(pool, 1, 2, 3, 9, 9);
+            int[] m2 = match(pool, 1, 2, 3, 9, 9);
             eq(3, m1.length, "first match");
             eq(m1, m2, "same indices");
             sizes(pool.radixCache(), 5, 5, 0);
@@ -193,8 +201,8 @@ public final class RadixScenarios {
     public static void matchEmptyKeyThenReturnsEmpty(List<String> log) {
         try (KvCachePool pool = pool(1)) {
             insert(pool, 1, 2, 3);
-            eq(new int[0], pool.radixCache().matchPrefix(new int[0]), "match");
-            Check.expect(IllegalArgumentException.class, "null", () -> pool.radixCache().matchPrefix(null));
+            eq(new int[0], match(pool), "match");
+            Check.expect(IllegalArgumentException.class, "null", () -> pool.radix().matchPrefix(null));
         }
     }
 }

@@ -2,8 +2,12 @@ package smile.llm.python;
 
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import smile.deep.tensor.Device;
+import smile.deep.tensor.ScalarType;
 import smile.llm.LanguageModel;
+import smile.llm.cache.KvCacheLayout;
 import smile.llm.cache.KvCachePool;
+import smile.llm.cache.RadixCache;
 
 /**
  * The registry through which a JVM application obtains the Python-backed implementations. The launcher
@@ -19,6 +23,16 @@ public final class Bridge {
         KvCachePool newKvCachePool(int numLayers, int numSlots, int numKvHeads, int headDim, int pageSize,
                                    String dtype);
         KvCachePool forTesting(int numLayers, int numKvHeads, int headDim, int maxBatchSize, int maxSeqLen);
+        /** Python's {@code KvCachePool.for_testing(layout, device)}; {@code device} is torch's device string. */
+        KvCachePool forTestingOn(KvCacheLayout layout, String device);
+        /** Python's {@code KvCachePool.allocate}; {@code dtype} is torch's dtype name (for example "bfloat16"). */
+        KvCachePool allocate(KvCacheLayout layout, String device, String dtype, double memFraction, int pageSize);
+        /** Python's {@code KvCachePool.for_mtp}. */
+        KvCachePool forMtp(KvCacheLayout layout, String device, String dtype, int pageSize);
+        /** Python's {@code KvCachePool.for_mtp_history}. */
+        KvCachePool forMtpHistory(KvCacheLayout layout, String device, String dtype, int pageSize, int wantSlots);
+        /** A new standalone Python {@code RadixCache(pageSize)}. */
+        RadixCache.Backend newRadixCache(int pageSize);
     }
 
     private Bridge() {}
@@ -63,9 +77,45 @@ public final class Bridge {
     }
 
     /** Smile's {@code KvCachePool.forTesting(layout)}: page size 1, float32, maxBatchSize * maxSeqLen slots. */
-    public static KvCachePool forTesting(smile.llm.cache.KvCacheLayout layout) {
+    public static KvCachePool forTesting(KvCacheLayout layout) {
+        notNull(layout, "layout");
         return factory().forTesting(layout.numLayers(), layout.numKvHeads(), layout.headDim(),
                 layout.maxBatchSize(), layout.maxSeqLen());
+    }
+
+    /** Smile's {@code KvCachePool.forTesting(layout, device)}: page size 1, float32, maxBatchSize * maxSeqLen slots. */
+    public static KvCachePool forTesting(KvCacheLayout layout, Device device) {
+        return factory().forTestingOn(notNull(layout, "layout"), notNull(device, "device").toString());
+    }
+
+    /** Smile's {@code KvCachePool.allocate(layout, device, dtype, memFraction, pageSize)}. */
+    public static KvCachePool allocate(KvCacheLayout layout, Device device, ScalarType dtype, double memFraction,
+                                       int pageSize) {
+        return factory().allocate(notNull(layout, "layout"), notNull(device, "device").toString(),
+                notNull(dtype, "dtype").torchName(), memFraction, pageSize);
+    }
+
+    /** Smile's {@code KvCachePool.forMtp(layout, device, dtype, pageSize)}. */
+    public static KvCachePool forMtp(KvCacheLayout layout, Device device, ScalarType dtype, int pageSize) {
+        return factory().forMtp(notNull(layout, "layout"), notNull(device, "device").toString(),
+                notNull(dtype, "dtype").torchName(), pageSize);
+    }
+
+    /** Smile's {@code KvCachePool.forMtpHistory(layout, device, dtype, pageSize, wantSlots)}. */
+    public static KvCachePool forMtpHistory(KvCacheLayout layout, Device device, ScalarType dtype, int pageSize,
+                                            int wantSlots) {
+        return factory().forMtpHistory(notNull(layout, "layout"), notNull(device, "device").toString(),
+                notNull(dtype, "dtype").torchName(), pageSize, wantSlots);
+    }
+
+    /** The Python tree behind {@code new RadixCache(pageSize)}. */
+    public static RadixCache.Backend newRadixCache(int pageSize) {
+        return factory().newRadixCache(pageSize);
+    }
+
+    private static <T> T notNull(T value, String what) {
+        if (value == null) throw new IllegalArgumentException(what + " must not be null");
+        return value;
     }
 
     private static Factory factory() {
