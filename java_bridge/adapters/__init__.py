@@ -2,13 +2,15 @@
 
 Every method goes through ``errors.bridged`` (Python errors arrive as Java exceptions with the Python message).
 Arguments: Java ``int[]``/``long[]`` arrive as JPype arrays and are read with one copy (``np.array``); K/V cross
-as direct ``ByteBuffer``s in native byte order, viewed with ``torch.frombuffer`` from offset 0 without a copy.
-Returns are checked ints or numpy arrays of the declared Java type (JPype would silently truncate a float returned
-as a long).
+as direct ``ByteBuffer``s in native byte order, viewed with ``torch.frombuffer`` from their ``position()`` without a
+copy. Returns are checked ints (in the Java type's range) or numpy arrays of the declared Java type (JPype would
+silently truncate a float returned as a long).
 Listener callbacks into Java run while no Python lock is held (``generate`` calls them between steps).
 
-Modules: ``convert`` (Java arrays, checked returns, ByteBuffer views), ``pool`` (``KvCachePool``, ``RadixCache``),
-``model`` (``LanguageModel``), ``factory`` (``Bridge.Factory``, ``pinCurrentThread``).
+Modules: ``convert`` (Java arrays, checked returns, ByteBuffer views, Smile's value types), ``pool``
+(``KvCachePool``), ``radix`` (``RadixCache``, standalone or a pool's), ``model`` (``LanguageModel``), ``requests``
+(Java arguments to a request, futures and their delivery), ``engine`` (``smile.llm.engine.InferenceEngine``),
+``factory`` (``Bridge.Factory``, ``pinCurrentThread``).
 """
 
 from .factory import FactoryAdapter, PinThread

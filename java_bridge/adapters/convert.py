@@ -24,11 +24,17 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 _quiet_view = threading.Lock()
 
 
-def checked_int(x: Any, what: str) -> int:
-    """``x`` as a Java int/long return value; TypeError for anything but an integer."""
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-        raise TypeError(f"{what} must return an integer, got {type(x).__name__} {x!r}")
-    return int(x)
+def checked_int(x: Any, what: str, bits: int = 32) -> int:
+    """``x`` as the return value of a Java ``int`` (``bits=32``) or ``long`` (``bits=64``) method. TypeError for
+    anything but an integer in that type's range: JPype converts a return value after the bridged method has
+    returned, where a failure would reach Java as its own unmapped proxy exception, so it is checked here."""
+    if type(x) is not int:  # the common case is an exact int: one type check
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"{what} must return an integer, got {type(x).__name__} {x!r}")
+        x = int(x)
+    if not -(1 << (bits - 1)) <= x < 1 << (bits - 1):
+        raise TypeError(f"{what} must return a Java {'int' if bits == 32 else 'long'}, got {x} (out of range)")
+    return x
 
 
 def int_array(a: Any) -> np.ndarray:

@@ -105,19 +105,19 @@ class KvCachePoolAdapter:
 
     def prefixPromptTokens(self) -> int:  # noqa: N802
         """Java ``prefixPromptTokens()``: prompt tokens seen by binds (cumulative)."""
-        return checked_int(self.pool.prefix_prompt_tokens, "prefixPromptTokens")
+        return checked_int(self.pool.prefix_prompt_tokens, "prefixPromptTokens", bits=64)
 
     def prefixMatchTokens(self) -> int:  # noqa: N802
         """Java ``prefixMatchTokens()``: prompt tokens served from the tree (cumulative)."""
-        return checked_int(self.pool.prefix_match_tokens, "prefixMatchTokens")
+        return checked_int(self.pool.prefix_match_tokens, "prefixMatchTokens", bits=64)
 
     def prefixInsertTokens(self) -> int:  # noqa: N802
         """Java ``prefixInsertTokens()``: tokens newly inserted by finishes (cumulative)."""
-        return checked_int(self.pool.prefix_insert_tokens, "prefixInsertTokens")
+        return checked_int(self.pool.prefix_insert_tokens, "prefixInsertTokens", bits=64)
 
     def prefixEvictTokens(self) -> int:  # noqa: N802
         """Java ``prefixEvictTokens()``: tokens the pool evicted from the tree (cumulative)."""
-        return checked_int(self.pool.prefix_evict_tokens, "prefixEvictTokens")
+        return checked_int(self.pool.prefix_evict_tokens, "prefixEvictTokens", bits=64)
 
     def radix(self) -> Any:
         """Java ``RadixCache radix()``: the pool's tree (the same object every call): queries and ``matchPrefix`` under

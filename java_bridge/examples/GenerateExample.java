@@ -157,7 +157,7 @@ public class GenerateExample {
         int id2 = pool.bindRequest(longer, 24);
         int matched = pool.matchedPrefixLen(id2);
         System.out.println("bindRequest(14 tokens sharing 10) -> id " + id2 + ", matchedPrefixLen " + matched
-                + ", radixCache().matchPrefix: " + pool.radixCache().matchPrefix(longer).length + " slots, protected "
+                + ", radixCache().matchPrefix: " + pool.radixCache().matchPrefix(longer).length() + " slots, protected "
                 + pool.radixCache().protectedSize());
         if (matched != len) throw new AssertionError("expected a " + len + "-token prefix match, got " + matched);
         pool.activateStep(id2);

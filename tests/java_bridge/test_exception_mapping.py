@@ -127,3 +127,19 @@ def test_translated_keeps_the_signature_defaults_varargs_and_keyword_calls(jvm: 
     with pytest.raises(JClass("smile.llm.python.PythonException")) as info:
         translated(lambda: [][0])()
     assert str(info.value.pythonType()) == "builtins.IndexError"
+
+
+def test_checked_int_refuses_what_jpype_could_not_return() -> None:
+    """Return values are checked inside the bridged method: JPype converts them only after it, where a failure would
+    reach Java unmapped."""
+    import numpy as np
+
+    from java_bridge.adapters.convert import checked_int
+
+    assert checked_int(np.int64(7), "x") == 7 and type(checked_int(np.int64(7), "x")) is int
+    assert checked_int(-(1 << 31), "x") == -(1 << 31)
+    assert checked_int(1 << 40, "x", bits=64) == 1 << 40
+    for bad, bits, msg in ((1 << 31, 32, "Java int"), (-(1 << 31) - 1, 32, "Java int"), (1 << 63, 64, "Java long"),
+                           (True, 32, "integer"), (2.0, 32, "integer"), (None, 32, "integer")):
+        with pytest.raises(TypeError, match=msg):
+            checked_int(bad, "x", bits=bits)

@@ -108,3 +108,19 @@ def test_language_model_with_the_default_model(java_classes: Path) -> None:
     done = launch(java_classes, "bridgetest.apps.ModelApp", options=())
     assert done.returncode == 0, done.stderr
     assert "ModelApp vocab=" in done.stdout
+
+
+@pytest.mark.parametrize("example, args, expect", [
+    ("GenerateExample", ("def fibonacci(n):\\n", "24"), "checkInvariants: passed"),
+    ("ServingExample", ("16",), "pool: 0 bound, invariants hold"),
+])
+def test_the_examples_compile_against_the_jar_and_run(tmp_path: Path, example: str, args: tuple[str, ...],
+                                                      expect: str) -> None:
+    """The shipped examples, compiled against the bridge jar alone as their README says, run through the launcher."""
+    from java_bridge.build import bridge_jar, compile_java
+
+    out = compile_java([REPO / "java_bridge" / "examples" / f"{example}.java"], tmp_path / "out",
+                       classpath=[bridge_jar()])
+    done = launch(out, example, *args, options=())
+    assert done.returncode == 0, done.stderr
+    assert expect in done.stdout
