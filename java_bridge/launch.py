@@ -10,7 +10,8 @@
 5. Runs ``main(String[])`` on the Python main thread (calls from that thread into Python cost about 1 us).
 
 Exit codes: 0 when ``main`` returns, 1 when it throws (the Java stack trace goes to stderr), 2 for launcher
-errors (bad class path, no such class or no ``main``), or whatever the application passes to ``System.exit``.
+errors (bad class path, a model that cannot be loaded, no such class or no ``main``), or whatever the application
+passes to ``System.exit``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def parse(argv: list[str], prog: str = "python -m java_bridge") -> argparse.Name
     p.add_argument("--model", help="a model folder for Bridge.languageModel() (default: the embedded model)")
     p.add_argument("--no-model", action="store_true", help="register no model (pool-only applications)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--drafter", choices=("mtp", "ngram", "none"), default="mtp",
+                   help="speculative decoding: the MTP head (when the model has one), n-gram lookup, or none")
+    p.add_argument("--speculative-max-batch", type=int, default=None, metavar="N",
+                   help="decode plainly in steps of more than N requests (speculation costs throughput at large "
+                        "batches on small CPUs; default: no limit)")
     p.add_argument("--jvm-arg", action="append", default=[], help="a JVM option, e.g. -Xmx4g (repeatable)")
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch intra-op threads (default 1: more contend with the JVM's threads on small CPUs)")
@@ -51,8 +57,13 @@ def run(argv: list[str], prog: str = "python -m java_bridge") -> int:
     if not args.no_model:
         from smile_llm import LanguageModel
 
-        model = LanguageModel.default(device=args.device) if args.model is None else \
-            LanguageModel.from_pretrained(args.model, device=args.device)
+        options = {"device": args.device, "drafter": args.drafter, "speculative_max_batch": args.speculative_max_batch}
+        try:
+            model = LanguageModel.default(**options) if args.model is None else \
+                LanguageModel.from_pretrained(args.model, **options)
+        except (ValueError, OSError) as exc:  # a bad option or model folder: say so, no traceback
+            print(f"java_bridge: cannot load the model: {exc}", file=sys.stderr)
+            return 2
 
     from .jvm import start_jvm
 

@@ -3,6 +3,7 @@ cleanup hook, launcher errors, and the Bridge's message when an application runs
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -124,3 +125,19 @@ def test_the_examples_compile_against_the_jar_and_run(tmp_path: Path, example: s
     done = launch(out, example, *args, options=())
     assert done.returncode == 0, done.stderr
     assert expect in done.stdout
+
+
+def test_serving_options_reach_the_model(java_classes: Path) -> None:
+    """--drafter and --speculative-max-batch configure the model the application gets; a bad value exits 2."""
+    def rounds(options: tuple[str, ...]) -> int:
+        done = launch(java_classes, "bridgetest.apps.ModelApp", options=options)
+        assert done.returncode == 0, done.stderr
+        stats = json.loads(done.stdout.split("ModelApp stats=")[1])
+        assert stats["generated_tokens"] == 8
+        return stats["speculative_rounds"]
+
+    assert rounds(()) > 0  # the default model speculates with its MTP head
+    assert rounds(("--drafter", "none")) == 0
+    done = launch(java_classes, "bridgetest.apps.ModelApp", options=("--speculative-max-batch", "-1"))
+    assert done.returncode == 2
+    assert "java_bridge: cannot load the model: speculative_max_batch" in done.stderr
