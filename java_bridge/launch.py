@@ -26,7 +26,8 @@ from typing import Any
 def parse(argv: list[str], prog: str = "python -m java_bridge") -> argparse.Namespace:
     """The launcher's options from ``argv`` (argparse: exits with 2 on bad arguments); ``prog`` is the command name
     that usage and errors show."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog=prog, description=f"Run a JVM application's main with smile_llm's Java API "
+                                f"registered: {prog} --classpath app.jar --main com.example.App [--model DIR] -- args")
     p.add_argument("--classpath", "--cp", default="", help=f"the application's class path ({os.pathsep}-separated)")
     p.add_argument("--main", required=True, help="the class whose main(String[]) to run")
     p.add_argument("--model", help="a model folder for Bridge.languageModel() (default: the embedded model)")
