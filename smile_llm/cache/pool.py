@@ -69,6 +69,20 @@ def _state(getter: Callable[[Any], Any], setter: Callable[[Any, Any], None] | No
     return property(get, put if setter is not None else None, doc=doc)
 
 
+def _counter(getter: Callable[[Any], int], doc: str | None = None) -> property:
+    """A pool counter read without the lock: ``getter`` reads one int attribute, which the GIL reads atomically,
+    so the value is the counter before or after any concurrent call (as if read under the lock just before or
+    after it). PoolClosedError after close(). For counters callers poll often (``free_pages`` from a JVM thread
+    costs a lock round trip less)."""
+
+    def get(self: KvCachePool) -> int:
+        if self._closed:
+            raise PoolClosedError("the pool is closed; create a new pool")
+        return getter(self)
+
+    return property(get, None, doc=doc)
+
+
 def _check_scales(dtype: torch.dtype, k_scale: Any, v_scale: Any) -> None:
     """Scales are finite floats > 0, and only FP8 storage has scales other than 1.0 (float storage is unscaled,
     so a scale there would be reported to attention but never applied)."""
@@ -138,8 +152,8 @@ class KvCachePool:
                        "would leak pages).")
     key_cache = _state(lambda self: self._kv.key_cache, doc="K buffer [num_layers, num_slots, Hkv, D].")
     value_cache = _state(lambda self: self._kv.value_cache, doc="V buffer [num_layers, num_slots, Hkv, D].")
-    free_pages = _state(lambda self: self._pages.free_pages)
-    free_slots = _state(lambda self: self._pages.free_pages * self._page_size)
+    free_pages = _counter(lambda self: self._pages.free_pages, doc="Pages on the free list.")
+    free_slots = _counter(lambda self: self._pages.free_pages * self._page_size, doc="``free_pages * page_size``.")
     request_capacity = _state(lambda self: self._step.min_capacity if self._step is not None else 0,
                               doc="Smallest capacity among the active rows (0 when no step is active).")
     bound_request_count = _state(lambda self: len(self._table), doc="Bound requests, offloaded ones included.")
