@@ -1,4 +1,5 @@
-"""Paged KV cache: layout and sizing, the radix prefix tree, and the pool that owns pages and K/V buffers."""
+"""Paged KV cache: layout and sizing, the radix prefix tree, the pool that owns pages and K/V buffers, and the
+per-request state pools bound beside it."""
 
 from .errors import (
     KvCacheCorruptionError,
@@ -12,6 +13,7 @@ from .kv_step import KvStep
 from .offload import OffloadedKv
 from .pool import KvCachePool
 from .radix import InsertResult, MatchResult, RadixCache, TreeNode
+from .state_pool import StatePool, StateSpec
 
 __all__ = [
     "InsertResult",
@@ -27,6 +29,8 @@ __all__ = [
     "RadixCache",
     "RequestOffloadedError",
     "SlotCount",
+    "StatePool",
+    "StateSpec",
     "StaticKvBudget",
     "TreeNode",
     "compute_static_kv_budget",

@@ -32,6 +32,7 @@ from .layout import ceil_page, floor_page
 from .offload import OffloadedKv
 from .pages import PageAllocator, PageOwner
 from .radix import RadixCache
+from .state_pool import StatePool
 from .step import ActiveStep
 from .tokens import EMPTY, as_int_array
 
@@ -127,6 +128,7 @@ class KvCachePool:
         self._verify = VerifyGraphBuffers(self._page_size, self._device)
         self._graph_csr = GraphCsr(self._page_size, self._num_slots // self._page_size, self._device)
         self._prefetch = PrefetchState()
+        self._states: list[StatePool] = []  # per-request state beside the KV (attach_state), bound with each request
 
     # ------------------------------------------------------------------ factories (API.md section 1 and 3)
     allocate = classmethod(factories.allocate)
@@ -186,8 +188,26 @@ class KvCachePool:
     def _release(self, b: Binding, sequence: np.ndarray | None = None) -> None:
         """Unbind ``b`` (finishing it into the tree when ``sequence`` is given) and drop it from the step."""
         self._binder.release(b, sequence)
+        for states in self._states:
+            states.release(b.request_id)
         if self._step is not None and b.request_id in self._step.ids:
             self._clear_step()
+
+    def _bind(self, prompt: np.ndarray, pages: int, matched: int, exclusive: bool) -> Binding:
+        """Bind KV pages and a slot of every attached state pool (the callers checked ``_states_fit`` first)."""
+        b = self._binder.bind(prompt, pages, matched, exclusive=exclusive)
+        for states in self._states:
+            states.bind(b.request_id)
+        return b
+
+    def _states_fit(self, count: int, releasing: list[Binding], verb: str) -> None:
+        """KvCacheExhaustedError unless every attached state pool has ``count`` free slots once ``releasing`` is."""
+        ids = [b.request_id for b in releasing]
+        for states in self._states:
+            if not states.can_bind(count, ids):
+                raise KvCacheExhaustedError(
+                    f"{verb} needs {count} state slot(s) but only {states.free_slots} of {states.max_requests} are "
+                    f"free ({states!r}); keep the request queued until others finish")
 
     def _exhausted_detail(self) -> str:
         return (f"{self._pages.free_pages} free and {self._radix.evictable_size // self._page_size} evictable pages")
@@ -247,9 +267,10 @@ class KvCachePool:
             raise KvCacheExhaustedError(
                 f"bind_request needs {need} pages ({want * self._page_size} slots, {matched} matched) but only "
                 f"{available} are free or evictable; keep the request queued until others finish")
+        self._states_fit(1, release, "bind_request")
         for old in release:
             self._release(old)
-        b = self._binder.bind(prompt, want, matched, exclusive=False)
+        b = self._bind(prompt, want, matched, exclusive=False)
         if len(self._table) == 1:
             self._activate([b])
         return b.request_id
@@ -270,9 +291,10 @@ class KvCachePool:
             raise ValueError(
                 f"Prompt length {len(prompt)} exceeds free KV capacity {pages * self._page_size} "
                 f"(prefix={matched}, pool={self._num_slots} slots); shorten the prompt or use a larger pool")
+        self._states_fit(1, release, "bind_with_prefix")
         for old in release:
             self._release(old)
-        b = self._binder.bind(prompt, pages, matched, exclusive=True)
+        b = self._bind(prompt, pages, matched, exclusive=True)
         self._activate([b])
         return matched
 
@@ -290,9 +312,10 @@ class KvCachePool:
             raise KvCacheExhaustedError(
                 f"KV cache exhausted: need at least {self._page_size} slots per request for batch {batch}, "
                 f"have {available * self._page_size} free or evictable; use a smaller batch")
+        self._states_fit(batch, release, "bind_requests")
         for b in release:
             self._release(b)
-        rows = [self._binder.bind(EMPTY, per_row, 0, exclusive=True) for _ in range(batch)]
+        rows = [self._bind(EMPTY, per_row, 0, exclusive=True) for _ in range(batch)]
         self._activate(rows)
         return [b.request_id for b in rows]
 
@@ -778,6 +801,28 @@ class KvCachePool:
         their pages return to the free list. Returns the tokens evicted."""
         return self._binder.evict(as_int(num_tokens, "num_tokens", minimum=0))
 
+    # ------------------------------------------------------------------ per-request state beside the KV
+    @_locked
+    def attach_state(self, states: StatePool) -> None:
+        """Bind, release, offload and restore a slot of ``states`` together with every request's KV from now on (by
+        the same verbs, under this pool's lock): a bind that finds no free slot raises KvCacheExhaustedError like
+        one that finds no pages, and ``check_invariants`` audits the slots. Attach before binding anything
+        (RuntimeError otherwise); ValueError for a state pool on another device or one already attached."""
+        if not isinstance(states, StatePool):
+            raise ValueError(f"states must be a StatePool, got {type(states).__name__}")
+        if states.device != self._device:
+            raise ValueError(f"the state pool is on {states.device} but the KV pool on {self._device}")
+        if any(s is states for s in self._states):
+            raise ValueError("this state pool is already attached")
+        if len(self._table):
+            raise RuntimeError(f"attach_state with {len(self._table)} requests bound; attach before binding")
+        self._states.append(states)
+
+    @property
+    def state_pools(self) -> tuple[StatePool, ...]:
+        """The attached state pools, in attach order."""
+        return tuple(self._states)
+
     # ------------------------------------------------------------------ offload and restore (API.md 3.6)
     @_locked
     def offload_request(self, request_id: int) -> OffloadedKv:
@@ -788,7 +833,10 @@ class KvCachePool:
             raise RuntimeError(f"request {b.request_id} is already offloaded; restore_request it first")
         if self._step is not None and b.request_id in self._step.ids:
             self._clear_step()
-        return self._binder.offload(b)
+        handle = self._binder.offload(b)
+        for states in self._states:
+            states.offload(b.request_id)
+        return handle
 
     @_locked
     def restore_request(self, request_id: int, handle: OffloadedKv) -> None:
@@ -804,7 +852,10 @@ class KvCachePool:
             raise KvCacheExhaustedError(
                 f"restore of request {b.request_id} needs {handle.num_private_pages} pages, have "
                 f"{self._exhausted_detail()}; finish or offload other requests")
+        self._states_fit(1, [], f"restore of request {b.request_id}")
         self._binder.restore(b, handle)
+        for states in self._states:
+            states.restore(b.request_id)
 
     @_locked
     def peek_prefix_slots(self, tokens: Any) -> np.ndarray:
@@ -862,8 +913,11 @@ class KvCachePool:
     @_locked
     def check_invariants(self) -> None:
         """Raise KvCacheCorruptionError naming the first page or node that breaks the ownership, size or lock
-        invariants (see :mod:`smile_llm.cache.audit`)."""
+        invariants (see :mod:`smile_llm.cache.audit`), or a state pool whose slots disagree with the bindings."""
         audit.check_invariants(self)
+        for states in self._states:
+            states.check([b.request_id for b in self._table if b.offload is None],
+                         [b.request_id for b in self._table if b.offload is not None])
 
     @_locked
     def stats(self) -> dict[str, Any]:

@@ -49,10 +49,14 @@ def pool_snapshot(pool: KvCachePool, with_kv: bool = True) -> dict[str, Any]:
                      pool.prefix_evict_tokens),
         "scales": (pool.k_scale, pool.v_scale),
         "reuse": pool.prefix_reuse_enabled,
+        "states": [(sorted(st._slot_of.items()), list(st._free), sorted(st._offloaded)) for st in pool.state_pools],
     }
     if with_kv:
         snap["k"] = pool.key_cache.clone()
         snap["v"] = pool.value_cache.clone()
+        for i, st in enumerate(pool.state_pools):
+            for name, buf in st.buffers.items():
+                snap[f"state{i}.{name}"] = buf.clone()
     return snap
 
 

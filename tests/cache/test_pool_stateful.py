@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from smile_llm.cache import KvCacheExhaustedError, KvCachePool
+from smile_llm.cache import KvCacheExhaustedError, KvCachePool, StatePool, StateSpec
 
 from .snapshot import assert_same_state, pool_snapshot
 
@@ -43,11 +43,16 @@ class Request:
 
 
 class PoolMachine(RuleBasedStateMachine):
-    @initialize(page_size=st.sampled_from([1, 2, 4]), num_pages=st.integers(4, 16), zero=st.booleans())
-    def setup(self, page_size: int, num_pages: int, zero: bool) -> None:
+    @initialize(page_size=st.sampled_from([1, 2, 4]), num_pages=st.integers(4, 16), zero=st.booleans(),
+                state_slots=st.sampled_from([None, 1, 2, 5]))
+    def setup(self, page_size: int, num_pages: int, zero: bool, state_slots: int | None) -> None:
         self.ps = page_size
         self.pool = KvCachePool(2, page_size * num_pages, 1, 1, page_size, fresh_page_fill="poison",
                                 zero_rejected_kv=zero)
+        # a per-request state pool bound with every request (fewer slots than pages: binds also run out of slots)
+        self.states = None if state_slots is None else StatePool({"s": StateSpec((3,))}, state_slots)
+        if self.states is not None:
+            self.pool.attach_state(self.states)
         self.requests: dict[int, Request] = {}
         self.caller: dict[int, bytes] = {}  # caller page -> layer-0 K bytes written into it
         self.handles: dict[int, object] = {}
@@ -99,6 +104,9 @@ class PoolMachine(RuleBasedStateMachine):
         rid = self.pool._step.ids[0] if exclusive else result
         self.released_by_exclusive()
         self.requests[rid] = Request(seq)
+        if self.states is not None:  # a bound slot starts zeroed; mark it with the request id
+            assert torch.count_nonzero(self.states.buffers["s"][self.states.slot(rid)]) == 0
+            self.states.buffers["s"][self.states.slot(rid)] = float(rid)
         matched = self.pool.matched_prefix_len(rid)
         assert matched % self.ps == 0 and matched <= max(0, len(prompt) - 1)
         assert self.pool.kv_len(rid) == matched
@@ -257,6 +265,10 @@ class PoolMachine(RuleBasedStateMachine):
     def pool_is_consistent(self) -> None:
         self.pool.check_invariants()
         assert self.pool.bound_request_count == len(self.requests)
+        if self.states is not None:  # each resident request holds its own slot, its mark kept across offloads
+            assert self.states.bound_ids == set(self.resident())
+            for rid in self.resident():
+                assert (self.states.buffers["s"][self.states.slot(rid)] == float(rid)).all(), f"request {rid}"
         k_cache = self.pool.key_cache
         for rid in self.resident():
             b = self.pool._table.get(rid)

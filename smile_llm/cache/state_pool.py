@@ -1,0 +1,154 @@
+"""StatePool: fixed-size per-request state beside the KV pages (the Gated DeltaNet layers' conv and recurrent state).
+
+A linear-attention layer keeps no KV that grows with the sequence: each request carries a constant-size state per
+layer instead. The pool holds that state for ``max_requests`` requests in static buffers, one named buffer per kind
+of state, each ``[max_requests, *shape]`` so that one request's whole state is one slot of every buffer (Smile
+allocates it before the KV pool, so the KV budget excludes it: create it first). Requests are known by the KV pool's
+request ids: attached to a ``KvCachePool`` (``KvCachePool.attach_state``) the pool binds, releases, offloads and
+restores a request's slot inside its own binding verbs, under its lock, so no state outlives its request and no
+caller can bind one without the other.
+
+A slot is zeroed when it is bound (a request starts from the empty state). Offloading copies the slot to host memory
+and frees it; restoring takes any free slot and copies the state back, byte-identical.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .checks import as_device, as_int
+from .errors import KvCacheCorruptionError, KvCacheExhaustedError
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One kind of per-request state: its per-request ``shape`` and ``dtype``."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+
+
+class StatePool:
+    """Static per-request state for ``max_requests`` requests (see the module docstring). Not locked itself: the
+    ``KvCachePool`` it is attached to serialises every change; reading and writing a bound slot's tensors during a
+    forward belongs to the thread driving that forward."""
+
+    def __init__(self, specs: Mapping[str, StateSpec], max_requests: int, device: str | torch.device = "cpu") -> None:
+        if not specs:
+            raise ValueError("a StatePool needs at least one state kind")
+        self.max_requests = as_int(max_requests, "max_requests", minimum=1)
+        self.device = as_device(device)
+        self.specs = dict(specs)
+        for name, spec in self.specs.items():
+            if not spec.shape or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in spec.shape):
+                raise ValueError(f"state {name!r}: shape must be positive ints, got {spec.shape!r}")
+            if spec.dtype not in _DTYPES:
+                raise ValueError(f"state {name!r}: dtype must be one of {_DTYPES}, got {spec.dtype}")
+        self.buffers = {name: torch.zeros((self.max_requests, *spec.shape), dtype=spec.dtype, device=self.device)
+                        for name, spec in self.specs.items()}
+        self._slot_of: dict[int, int] = {}
+        self._free = list(range(self.max_requests - 1, -1, -1))  # pop() hands out slot 0 first
+        self._offloaded: dict[int, dict[str, torch.Tensor]] = {}
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def bytes_per_request(self) -> int:
+        """Bytes of one request's state (every kind)."""
+        return sum(math.prod(s.shape) * s.dtype.itemsize for s in self.specs.values())
+
+    @property
+    def free_slots(self) -> int:
+        """Slots no request holds."""
+        return len(self._free)
+
+    @property
+    def bound_ids(self) -> frozenset[int]:
+        """Request ids holding a slot (offloaded ones hold none)."""
+        return frozenset(self._slot_of)
+
+    # ------------------------------------------------------------------ reading slots (the forward's side)
+    def slot(self, request_id: int) -> int:
+        """The slot of a bound, resident request; ValueError otherwise."""
+        slot = self._slot_of.get(request_id)
+        if slot is None:
+            raise ValueError(f"request {request_id} holds no state slot (not bound, released or offloaded)")
+        return slot
+
+    def slots(self, request_ids: Iterable[int]) -> torch.Tensor:
+        """int64 slot indices of ``request_ids`` in order, on the pool's device (index the buffers' first dim)."""
+        return torch.tensor([self.slot(int(r)) for r in request_ids], dtype=torch.int64).to(self.device)
+
+    # ------------------------------------------------------------------ binding (called by KvCachePool)
+    def can_bind(self, count: int, releasing: Iterable[int] = ()) -> bool:
+        """Whether ``count`` more requests fit once the requests ``releasing`` let go of their slots."""
+        return count <= len(self._free) + sum(1 for r in releasing if r in self._slot_of)
+
+    def bind(self, request_id: int) -> None:
+        """Give ``request_id`` a zeroed slot. KvCacheExhaustedError when none is free (the KV pool checks
+        ``can_bind`` first, so this means a caller skipped that check)."""
+        if request_id in self._slot_of or request_id in self._offloaded:
+            raise KvCacheCorruptionError(f"request {request_id} is bound to the state pool twice")
+        if not self._free:
+            raise KvCacheExhaustedError(f"no free state slot for request {request_id}: all {self.max_requests} hold "
+                                        f"requests; keep it queued until one finishes")
+        slot = self._free.pop()
+        for buf in self.buffers.values():
+            buf[slot].zero_()
+        self._slot_of[request_id] = slot
+
+    def release(self, request_id: int) -> None:
+        """Free ``request_id``'s slot (or its offloaded copy). Unknown ids do nothing."""
+        self._offloaded.pop(request_id, None)
+        slot = self._slot_of.pop(request_id, None)
+        if slot is not None:
+            self._free.append(slot)
+
+    def offload(self, request_id: int) -> None:
+        """Copy ``request_id``'s state to host memory and free its slot (the KV pool's ``offload_request``)."""
+        slot = self.slot(request_id)
+        self._offloaded[request_id] = {name: buf[slot].to("cpu", copy=True) for name, buf in self.buffers.items()}
+        del self._slot_of[request_id]
+        self._free.append(slot)
+
+    def restore(self, request_id: int) -> None:
+        """Bring an offloaded request's state back into a free slot, byte-identical. KvCacheExhaustedError, changing
+        nothing, when no slot is free."""
+        saved = self._offloaded.get(request_id)
+        if saved is None:
+            raise KvCacheCorruptionError(f"request {request_id} has no offloaded state to restore")
+        if not self._free:
+            raise KvCacheExhaustedError(f"restore of request {request_id} needs a state slot; all "
+                                        f"{self.max_requests} are held")
+        slot = self._free.pop()
+        for name, buf in self.buffers.items():
+            buf[slot].copy_(saved[name])
+        del self._offloaded[request_id]
+        self._slot_of[request_id] = slot
+
+    # ------------------------------------------------------------------ audit
+    def check(self, resident: Iterable[int], offloaded: Iterable[int]) -> None:
+        """KvCacheCorruptionError unless exactly the ``resident`` requests hold slots, exactly the ``offloaded``
+        ones hold host copies, and every slot is held once or free once."""
+        resident_set, offloaded_set = set(resident), set(offloaded)
+        if set(self._slot_of) != resident_set:
+            raise KvCacheCorruptionError(f"state slots are held by requests {sorted(self._slot_of)} but the KV pool's "
+                                         f"resident requests are {sorted(resident_set)}")
+        if set(self._offloaded) != offloaded_set:
+            raise KvCacheCorruptionError(f"offloaded state is held for requests {sorted(self._offloaded)} but the KV "
+                                         f"pool's offloaded requests are {sorted(offloaded_set)}")
+        held = np.array(sorted([*self._slot_of.values(), *self._free]), dtype=np.int64)
+        if not np.array_equal(held, np.arange(self.max_requests)):
+            raise KvCacheCorruptionError(f"state slots are lost or claimed twice: held {sorted(self._slot_of.values())}, "
+                                         f"free {sorted(self._free)} of {self.max_requests}")
+
+    def __repr__(self) -> str:
+        kinds = ", ".join(f"{n}{list(s.shape)}:{str(s.dtype).removeprefix('torch.')}" for n, s in self.specs.items())
+        return (f"StatePool({kinds}; {self.max_requests} requests, {len(self._free)} free, {self.bytes_per_request} "
+                f"bytes per request, {self.device})")
