@@ -1,0 +1,47 @@
+"""The gated delta rule step by step: for decode steps and short verify windows.
+
+Per value head, with state ``S`` [DK, DV] and q already scaled (see ``convention``)::
+
+    S_t = exp(g_t) * S_{t-1}
+    S_t = S_t + k_t (beta_t * (v_t - S_t^T k_t))^T     the delta rule: write the part of v_t that S_t misses
+    o_t = S_t^T q_t
+
+Cost is one small batched matmul triple per position, so it suits T of a few tokens; ``chunked`` is the prefill form.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .convention import DeltaRuleOutput, head_major_inputs, token_major_output
+
+
+def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                               beta: torch.Tensor, initial_state: torch.Tensor | None = None,
+                               output_final_state: bool = False, use_qk_l2norm_in_kernel: bool = False,
+                               output_all_states: bool = False) -> DeltaRuleOutput:
+    """The recurrence above over ``[0, T)`` from ``initial_state`` (zeros when ``None``); layouts in ``convention``.
+
+    ``output_all_states`` also returns the state after every position (float32[B, T, HV, DK, DV]) so a verify
+    window can restore the one after its last accepted token. Inputs are not mutated; T may be 0.
+    """
+    x = head_major_inputs(q, k, v, g, beta, initial_state, use_qk_l2norm_in_kernel)
+    batch, heads, seq_len, v_dim = x.v.shape
+    k_dim = x.k.shape[-1]
+    rows = batch * heads  # (batch, head) pairs, one bmm batch; every tensor below is a view or fresh
+    state = x.state.view(rows, k_dim, v_dim)  # float32, fresh, updated in place
+    qs, ks, vs = (t.reshape(rows, seq_len, t.shape[-1]) for t in (x.q, x.k, x.v))
+    decay, beta32 = x.g.exp().reshape(rows, seq_len, 1, 1), x.beta.reshape(rows, seq_len, 1, 1)
+    out = torch.empty_like(vs)  # float32[B*HV, T, DV]
+    all_states = state.new_empty(batch, seq_len, heads, k_dim, v_dim) if output_all_states else None
+    for t in range(seq_len):
+        k_t = ks[:, t : t + 1]  # [B*HV, 1, DK]
+        state.mul_(decay[:, t])
+        delta = (vs[:, t : t + 1] - torch.bmm(k_t, state)).mul_(beta32[:, t])  # [B*HV, 1, DV]
+        state.baddbmm_(k_t.transpose(1, 2), delta)  # += k_t delta^T
+        torch.bmm(qs[:, t : t + 1], state, out=out[:, t : t + 1])
+        if all_states is not None:
+            all_states[:, t] = state.view(batch, heads, k_dim, v_dim)
+    final_state = state.view(batch, heads, k_dim, v_dim)
+    output = token_major_output(out.view(batch, heads, seq_len, v_dim), q.dtype)
+    return DeltaRuleOutput(output, final_state if output_final_state else None, all_states)
