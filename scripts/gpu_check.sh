@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# The prepared GPU check: FlashInfer against the pure-PyTorch reference, and CUDA-graph capture and replay (the
-# tests marked `cuda` in tests/attention/test_flashinfer_cuda.py and tests/model/test_graphs_cuda.py). For a GPU
-# machine that reaches no package index and brings its own Python 3.12 with CUDA torch, pytest and numpy:
+# The prepared GPU check: FlashInfer against the pure-PyTorch reference, CUDA-graph capture and replay, and
+# fla-core's gated-delta-rule kernels against the PyTorch forms (the tests marked `cuda` in
+# tests/attention/test_flashinfer_cuda.py, tests/model/test_graphs_cuda.py and tests/model/test_deltanet_ops_cuda.py).
+# For a GPU machine that reaches no package index and brings its own Python 3.12 with CUDA torch, pytest and numpy:
 #
 #   bash scripts/gpu_check.sh --fetch-wheels   beforehand, where PyPI is reachable: saves the pinned
 #                                              flashinfer-python and apache-tvm-ffi wheels (cp312, x86-64, about
-#                                              22 MiB) in .whl/, which travels with the working tree
+#                                              22 MiB) and the pure-Python fla-core and einops ones (about 1 MiB)
+#                                              in .whl/, which travels with the working tree
 #   bash scripts/gpu_check.sh                  on the GPU machine (from any folder of the repo)
 #
 # Steps: checks that the machine's python has CUDA torch, pytest, numpy and safetensors (nothing is ever installed
 # from an index); installs the pinned wheels from .whl/ into a private folder (--no-index --no-deps) unless that
-# FlashInfer version already imports; prints the versions; builds exactly the FlashInfer JIT variants the tests use,
-# side by side, for this GPU's architecture only; runs `pytest -m cuda` on the two CUDA test files under a timeout;
+# FlashInfer version already imports (fla-core: unless any fla does); prints the versions; builds exactly the
+# FlashInfer JIT variants the tests use, side by side, for this GPU's architecture only; runs `pytest -m cuda` on the
+# CUDA test files under a timeout;
 # prints a table of every test and the totals within SMILE_GPU_BUDGET seconds of the start.
 #
 # Environment: PYTHON (python3), SMILE_WHEELHOUSE (.whl), SMILE_GPU_SITE (a private folder for the wheels),
@@ -29,7 +32,10 @@ BUDGET=${SMILE_GPU_BUDGET:-470}
 WARM=${SMILE_GPU_WARM:-1}
 FLASHINFER_VERSION=0.6.18.post1  # pinned: an 18 MB wheel (0.7.x's is over 100 MB and would not travel)
 TVM_FFI_VERSION=0.1.15.post2     # within flashinfer-python 0.6.18.post1's ">=0.1.6,<0.2,!=0.1.8"
-CUDA_TESTS=(tests/attention/test_flashinfer_cuda.py tests/model/test_graphs_cuda.py)
+FLA_VERSION=0.6.0                # fla-core: Triton kernels (triton comes with CUDA torch) and einops, pure Python
+EINOPS_VERSION=0.8.2
+CUDA_TESTS=(tests/attention/test_flashinfer_cuda.py tests/model/test_graphs_cuda.py
+            tests/model/test_deltanet_ops_cuda.py)
 
 say() { printf '\n== %s\n' "$*"; }
 warn() { printf 'gpu_check: %s\n' "$*" >&2; }
@@ -46,6 +52,9 @@ if [[ ${1:-} == --fetch-wheels ]]; then
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$WHEELS" \
     "flashinfer-python==$FLASHINFER_VERSION" "apache-tvm-ffi==$TVM_FFI_VERSION" \
     || fail 2 "pip could not download the wheels (is a package index reachable from here?)"
+  "$PYTHON" -m pip download --no-deps --only-binary=:all: -d "$WHEELS" \
+    "fla-core==$FLA_VERSION" "einops==$EINOPS_VERSION" \
+    || fail 2 "pip could not download the fla-core and einops wheels"
   size_mb=$(du -sm "$WHEELS" | cut -f1)
   ls -l "$WHEELS"
   echo "$WHEELS holds ${size_mb} MiB"
@@ -83,6 +92,19 @@ if [[ $(fi_version || true) != "$FLASHINFER_VERSION" ]]; then
     "$fi_wheel" "$ffi_wheel" || fail 2 "pip could not install the carried wheels into $SITE"
   export PYTHONPATH="$SITE:$PYTHONPATH"
 fi
+if ! "$PY" -c 'import fla' 2>/dev/null; then  # fla-core: without it the gated-delta-rule tests are skipped
+  fla_wheels=$(compgen -G "$WHEELS/fla_core-$FLA_VERSION-*.whl"
+               compgen -G "$WHEELS/einops-$EINOPS_VERSION-*.whl") || true
+  if [[ $(wc -w <<<"$fla_wheels") == 2 ]]; then
+    say "installing fla-core $FLA_VERSION and einops $EINOPS_VERSION into $SITE (no index, no dependencies)"
+    # shellcheck disable=SC2086
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" $fla_wheels \
+      || fail 2 "pip could not install the carried fla-core wheels into $SITE"
+    [[ :$PYTHONPATH: == *":$SITE:"* ]] || export PYTHONPATH="$SITE:$PYTHONPATH"
+  else
+    warn "fla-core does not import and $WHEELS/ lacks its wheels: the gated-delta-rule tests will be skipped"
+  fi
+fi
 
 # One architecture: the JIT builds for this GPU only ("a" on Hopper and later: fa3 needs sm_90a).
 if [[ -z ${FLASHINFER_CUDA_ARCH_LIST:-} ]]; then
@@ -105,6 +127,8 @@ if ! fi_out=$("$PY" -c 'import flashinfer; print(f"flashinfer {flashinfer.__vers
   fail 3 "flashinfer does not import, so every cuda test would be skipped (see above)"
 fi
 echo "$fi_out; FLASHINFER_CUDA_ARCH_LIST=$FLASHINFER_CUDA_ARCH_LIST"
+"$PY" -c 'import fla, triton; print(f"fla {fla.__version__} at {fla.__file__}; triton {triton.__version__}")' 2>&1 \
+  | tail -n 1 || true
 
 # ------------------------------------------------------------------------------------------- JIT warm-up
 # FlashInfer builds each kernel variant on first use. These are exactly the variants the cuda tests use (the test

@@ -266,6 +266,48 @@ def test_fla_wrapper_without_fla_says_how_to_install():
         fla_chunk_gated_delta_rule(q, k, v, g, beta, state)
 
 
+def test_fla_wrappers_follow_flas_calling_convention(monkeypatch):
+    """With a stand-in ``fla.ops.gated_delta_rule`` (fla-core 0.6's signatures, computing with our recurrent form):
+    the wrappers hand fla repeated query/key heads, the 1/sqrt(DK) scale, a float32 state and keyword arguments,
+    and return fla's output in q's dtype. The real kernels are compared in test_deltanet_ops_cuda.py."""
+    import sys
+    import types
+
+    from smile_llm.model.deltanet import fla_kernels
+
+    seen = []
+
+    def fake_kernel(name):
+        def kernel(q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False,
+                   use_qk_l2norm_in_kernel=False, **kwargs):
+            seen.append((name, q.shape[2], scale, initial_state.dtype, kwargs))
+            assert q.shape[2] == v.shape[2] and q.is_contiguous() and k.is_contiguous()
+            result = recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, True, use_qk_l2norm_in_kernel)
+            return result.output.to(v.dtype), result.final_state if output_final_state else None
+        return kernel
+
+    fake = types.ModuleType("fla.ops.gated_delta_rule")
+    fake.chunk_gated_delta_rule = fake_kernel("chunk")
+    fake.fused_recurrent_gated_delta_rule = fake_kernel("recurrent")
+    for name, module in (("fla", types.ModuleType("fla")), ("fla.ops", types.ModuleType("fla.ops")),
+                         ("fla.ops.gated_delta_rule", fake)):
+        monkeypatch.setitem(sys.modules, name, module)
+    fla_kernels.fla_available.cache_clear()
+    try:
+        assert fla_kernels.fla_available()
+        q, k, v, g, beta, state = make_inputs(41, seq_len=9, num_k_heads=2, num_v_heads=4, k_dim=16)
+        expected = recurrent_gated_delta_rule(q, k, v, g, beta, state, True, True)
+        for wrapper in (fla_kernels.fla_chunk_gated_delta_rule, fla_kernels.fla_recurrent_gated_delta_rule):
+            got = wrapper(q, k, v, g, beta, state.double(), True, True)
+            assert torch.equal(got.output, expected.output) and torch.equal(got.final_state, expected.final_state)
+            assert wrapper(q, k, v, g, beta, state, False, True).final_state is None
+        assert [entry[:4] for entry in seen] == [("chunk", 4, 0.25, torch.float32)] * 2 + [
+            ("recurrent", 4, 0.25, torch.float32)] * 2
+        assert all(entry[4] == {} for entry in seen)
+    finally:
+        fla_kernels.fla_available.cache_clear()
+
+
 # ------------------------------------------------------------------------------------------------ causal conv
 def conv_inputs(seed, batch=2, seq_len=11, channels=6, kernel=4, dtype=torch.float32, bias=True):
     gen = torch.Generator().manual_seed(seed)
