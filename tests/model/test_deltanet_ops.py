@@ -249,12 +249,16 @@ def test_shape_mismatch_raises(bad):
 
 
 def test_dispatcher_on_cpu_uses_the_pytorch_forms():
-    """Short windows go to the recurrent form, longer ones to the chunked form; the same numbers either way."""
+    """Short windows and per-position states go to the recurrent form, longer windows to the chunked form."""
     for seq_len in (1, RECURRENT_MAX_LEN, RECURRENT_MAX_LEN + 1, 70):
         q, k, v, g, beta, state = make_inputs(31, seq_len=seq_len)
         expected_form = recurrent_gated_delta_rule if seq_len <= RECURRENT_MAX_LEN else chunk_gated_delta_rule
-        got = gated_delta_rule(q, k, v, g, beta, state, True, True, True)
-        expected = expected_form(q, k, v, g, beta, state, True, True, True)
+        got = gated_delta_rule(q, k, v, g, beta, state, True, True)
+        expected = expected_form(q, k, v, g, beta, state, True, True)
+        assert torch.equal(got.output, expected.output) and torch.equal(got.final_state, expected.final_state)
+        assert got.all_states is None
+        got = gated_delta_rule(q, k, v, g, beta, state, True, True, output_all_states=True)
+        expected = recurrent_gated_delta_rule(q, k, v, g, beta, state, True, True, True)
         for name in ("output", "final_state", "all_states"):
             assert torch.equal(getattr(got, name), getattr(expected, name)), (seq_len, name)
 

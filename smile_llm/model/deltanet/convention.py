@@ -30,7 +30,8 @@ class DeltaRuleOutput(NamedTuple):
 
 
 class HeadMajorInputs(NamedTuple):
-    """Validated inputs in the forms' working layout: float32, heads before time, q/k repeated to HV heads."""
+    """Validated float32 inputs, heads before time, q/k repeated to HV heads. Strides are the inputs' (usually
+    token-major views): each form lays them out in memory as its loop reads them."""
 
     q: torch.Tensor  # float32[B, HV, T, DK], normalised if asked, scaled by DK ** -0.5
     k: torch.Tensor  # float32[B, HV, T, DK], normalised if asked
@@ -53,8 +54,7 @@ def head_major_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     if num_v_heads != num_k_heads:  # grouped values: consecutive value heads share one query/key head
         q = q.repeat_interleave(num_v_heads // num_k_heads, dim=2)
         k = k.repeat_interleave(num_v_heads // num_k_heads, dim=2)
-    q, k, v, g, beta = (x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
-                        for x in (q, k, v, g, beta))
+    q, k, v, g, beta = (x.transpose(1, 2).to(torch.float32) for x in (q, k, v, g, beta))  # views when float32
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
     q = q * q.shape[-1] ** -0.5

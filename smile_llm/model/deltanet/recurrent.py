@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .convention import DeltaRuleOutput, head_major_inputs, token_major_output
+from .convention import DeltaRuleOutput, head_major_inputs
 
 
 def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
@@ -30,18 +30,19 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     k_dim = x.k.shape[-1]
     rows = batch * heads  # (batch, head) pairs, one bmm batch; every tensor below is a view or fresh
     state = x.state.view(rows, k_dim, v_dim)  # float32, fresh, updated in place
-    qs, ks, vs = (t.reshape(rows, seq_len, t.shape[-1]) for t in (x.q, x.k, x.v))
-    decay, beta32 = x.g.exp().reshape(rows, seq_len, 1, 1), x.beta.reshape(rows, seq_len, 1, 1)
-    out = torch.empty_like(vs)  # float32[B*HV, T, DV]
+    # token-major [T, B*HV, ...]: position t's heads are adjacent in memory (twice as fast as head-major here)
+    qs, ks, vs = (t.permute(2, 0, 1, 3).reshape(seq_len, rows, 1, t.shape[-1]) for t in (x.q, x.k, x.v))
+    decay, beta32 = (t.permute(2, 0, 1).reshape(seq_len, rows, 1, 1) for t in (x.g.exp(), x.beta))
+    out = vs.new_empty(seq_len, rows, 1, v_dim)
     all_states = state.new_empty(batch, seq_len, heads, k_dim, v_dim) if output_all_states else None
     for t in range(seq_len):
-        k_t = ks[:, t : t + 1]  # [B*HV, 1, DK]
-        state.mul_(decay[:, t])
-        delta = (vs[:, t : t + 1] - torch.bmm(k_t, state)).mul_(beta32[:, t])  # [B*HV, 1, DV]
+        k_t = ks[t]  # [B*HV, 1, DK]
+        state.mul_(decay[t])
+        delta = (vs[t] - torch.bmm(k_t, state)).mul_(beta32[t])  # [B*HV, 1, DV]
         state.baddbmm_(k_t.transpose(1, 2), delta)  # += k_t delta^T
-        torch.bmm(qs[:, t : t + 1], state, out=out[:, t : t + 1])
+        torch.bmm(qs[t], state, out=out[t])
         if all_states is not None:
             all_states[:, t] = state.view(batch, heads, k_dim, v_dim)
     final_state = state.view(batch, heads, k_dim, v_dim)
-    output = token_major_output(out.view(batch, heads, seq_len, v_dim), q.dtype)
+    output = out.view(seq_len, batch, heads, v_dim).transpose(0, 1).to(q.dtype).contiguous()  # [B, T, HV, DV]
     return DeltaRuleOutput(output, final_state if output_final_state else None, all_states)
