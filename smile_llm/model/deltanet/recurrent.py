@@ -6,7 +6,8 @@ Per value head, with state ``S`` [DK, DV] and q already scaled (see ``convention
     S_t = S_t + k_t (beta_t * (v_t - S_t^T k_t))^T     the delta rule: write the part of v_t that S_t misses
     o_t = S_t^T q_t
 
-Cost is one small batched matmul triple per position, so it suits T of a few tokens; ``chunked`` is the prefill form.
+Three small batched matmuls per position, the state updated in place: the form for a few positions (up to 3 on
+the CPU, and whenever per-position states are wanted); ``chunked`` is the prefill form.
 """
 
 from __future__ import annotations
