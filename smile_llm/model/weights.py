@@ -55,3 +55,16 @@ def load_into(module: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.
                 raise ValueError(f"tensor {name!r} has shape {tuple(src.shape)} in the checkpoint but the config "
                                  f"gives {tuple(param.shape)}")
             param.copy_(src.to(dtype))
+
+
+def checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape by name, read from the safetensors headers only (no tensor data; cheap for a large
+    checkpoint). Same files and errors as ``read_checkpoint``."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in checkpoint_files(folder):
+        with safe_open(str(f), framework="pt") as handle:
+            for name in handle.keys():
+                shapes[name] = tuple(int(x) for x in handle.get_slice(name).get_shape())
+    return shapes
