@@ -13,6 +13,7 @@ import torch
 
 from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool, KvStep
+from .state_step import StateStep
 
 
 class RopeTable:
@@ -50,13 +51,17 @@ class RopeTable:
 
 class ForwardContext:
     """Per-forward state every layer shares: the attention backend, start positions ``[B]`` and window length, RoPE
-    tables, the step CSR and the forward's KV write handle (``kv``, one ``KvCachePool.kv_step``). Created for one
-    forward; ``commit`` once the forward has succeeded records its KV as written (a forward that raises never
-    commits, so ``kv_len`` never covers KV it did not compute)."""
+    tables, the step CSR, the forward's KV write handle (``kv``, one ``KvCachePool.kv_step``) and, for a hybrid
+    model, ``states``: the active rows' DeltaNet state (a ``StateStep`` over the pool's attached ``StatePool``;
+    None without one). ``valid`` gives each row's real positions in a right-padded window; ``keep_states`` keeps
+    the state after every window position (a verify window, see ``StateStep.rewind``). Created for one forward;
+    ``commit`` once the forward has succeeded records its KV as written (a forward that raises never commits, so
+    ``kv_len`` never covers KV it did not compute; DeltaNet state is written layer by layer, and a forward that
+    raises fails its rows, whose state is then released with them)."""
 
     def __init__(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
                  rope: tuple[torch.Tensor, torch.Tensor], num_heads: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, valid: np.ndarray | None = None, keep_states: bool = False) -> None:
         self.pool = pool
         self.backend = backend
         self.start = start  # int64[B]
@@ -69,7 +74,10 @@ class ForwardContext:
             qo_indptr = torch.arange(0, (self.batch + 1) * seqlen, seqlen, dtype=torch.int32, device=pool.device)
         backend.plan(meta, num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      qo_indptr=qo_indptr, causal=True, q_dtype=dtype, kv_dtype=pool.dtype)
-        self.cos, self.sin = rope  # [B, S, 1, head_dim] each
+        self.cos, self.sin = rope  # [B, S, 1, rotary_dim] each
+        state_pools = pool.state_pools
+        self.states = StateStep(state_pools[0], pool.active_request_ids, seqlen, valid, keep_states) \
+            if state_pools else None
 
     @classmethod
     def prepared(cls, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
@@ -83,6 +91,7 @@ class ForwardContext:
         ctx.head_dim = head_dim
         ctx.kv = pool.kv_step(_window_start(start), seqlen, index=write_index)
         ctx.cos, ctx.sin = cos, sin
+        ctx.states = None  # graph replays serve dense models only
         return ctx
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

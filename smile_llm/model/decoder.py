@@ -41,16 +41,17 @@ class Decoder:
         self.decode_graphs, self.verify_graphs = decode_graphs, verify_graphs
         self.speculative_max_batch: int | None = None  # a step with more rows decodes plainly; None: no limit
 
-    def _forward(self, tokens: torch.Tensor, start: np.ndarray, graphs: Any, use_graph: bool) -> ForwardOutput:
+    def _forward(self, tokens: torch.Tensor, start: np.ndarray, graphs: Any, use_graph: bool,
+                 keep_states: bool = False) -> ForwardOutput:
         """The target forward of the active rows, replayed from a CUDA graph when ``use_graph``; a failed capture
-        turns the runner off and the step runs eagerly."""
+        turns the runner off and the step runs eagerly. ``keep_states``: see ``Transformer.forward``."""
         if use_graph:
             try:
                 return cast(ForwardOutput, graphs.forward(tokens, start))
             except Exception:
                 if graphs.enabled:
                     raise
-        return self.transformer(tokens, start, self.pool, self.backend)
+        return self.transformer(tokens, start, self.pool, self.backend, keep_states=keep_states)
 
     def _activate(self, seqs: list[Sequence]) -> None:
         self.pool.activate_step(*[s.request_id for s in seqs])
@@ -198,11 +199,13 @@ class Decoder:
         start = np.array([s.last_pos for s in seqs], dtype=np.int64)
         graphs = self.verify_graphs
         out = self._forward(torch.cat([last, drafts], dim=1), start, graphs,
-                            graphs is not None and graphs.eligible(len(seqs)))
+                            graphs is not None and graphs.eligible(len(seqs)), keep_states=True)
         results = [self._accept(seq, drafts[b], None if draft_probs is None else draft_probs[b], out.logits[b])
                    for b, seq in enumerate(seqs)]
         kept = np.array([r.num_accepted for r in results], dtype=np.int64)
         self.pool.truncate_to(start + 1 + kept, start + n + 1)  # KV of the window's kept positions stays
+        if out.states is not None:  # a hybrid model: each row's DeltaNet state after its last kept position
+            out.states.rewind(kept)
         drafted = drafts.tolist()
         for b, (seq, res) in enumerate(zip(seqs, results)):
             seq.forwards += 1

@@ -10,6 +10,7 @@ called. Concurrent calls are batched together; a caller waiting alone drives the
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import replace
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -19,17 +20,20 @@ import numpy as np
 import torch
 
 from ..attention.backend import AttentionBackend, select_backend
-from ..cache import KvCacheLayout, KvCachePool
+from ..cache import KvCacheLayout, KvCachePool, StatePool
 from ..cache.tokens import as_int_array
 from .config import MAX_SPECULATIVE_TOKENS, ModelConfig
+from .config_hybrid import FULL_ATTENTION
 from .decoder import Decoder
 from .drafters import Drafter, build_drafter
 from .request import GenerationCancelled, Request, RequestHandle, SamplingParams
 from .sequence import Completion
 from .server import Server
+from .state_step import state_specs
 from .tokenizer import Tokenizer, load_tokenizer
 from .transformer import Transformer
-from .weights import load_into, read_checkpoint
+from .hybrid_layout import check_hybrid_checkpoint, to_module_names
+from .weights import checkpoint_shapes, load_into, read_checkpoint
 
 __all__ = ["Completion", "GenerationCancelled", "LanguageModel"]
 
@@ -76,17 +80,28 @@ class LanguageModel:
         config = ModelConfig.from_pretrained(folder)
         device = torch.device(device)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        hybrid = config.is_hybrid
+        for note in config.notes:
+            warnings.warn(note, stacklevel=2)
+        if hybrid:  # every tensor's name and shape against the config, from the headers, before loading anything
+            check_hybrid_checkpoint(config, checkpoint_shapes(folder))
         transformer = Transformer(config)
-        load_into(transformer, read_checkpoint(folder), dtype,
+        tensors = to_module_names(read_checkpoint(folder), config)  # a multimodal checkpoint: its text model's
+        load_into(transformer, tensors, dtype,
                   tied=("lm_head.weight",) if config.tie_word_embeddings else ())
         transformer.to(device=device, dtype=dtype).eval()
         tokenizer = load_tokenizer(folder, config.eos_token_ids, config.vocab_size)
         seq = max_seq_len or min(config.max_position_embeddings, 4096)
-        layout = KvCacheLayout(config.num_hidden_layers, config.num_key_value_heads, config.head_dim,
-                               max_batch_size, seq)
+        kv_layers = sum(1 for t in config.layer_types if t == FULL_ATTENTION)
+        layout = KvCacheLayout(kv_layers, config.num_key_value_heads, config.head_dim, max_batch_size, seq)
+        # Smile's order: the DeltaNet state pool first, so the KV pool is sized from the memory left after it
+        states = StatePool(state_specs(config, dtype), max_batch_size, device) if hybrid else None
         pool = KvCachePool.allocate(layout, device, dtype, mem_fraction or 0.85, page_size)
-        lm = cls(config, transformer, tokenizer, pool, select_backend(device), seq, cuda_graphs=cuda_graphs,
-                 draft_kv=draft_kv, drafter=drafter)
+        if states is not None:
+            pool.attach_state(states)
+            pool.prefix_reuse_enabled = False  # a prefix hit would need the state at the prefix's end
+        lm = cls(config, transformer, tokenizer, pool, select_backend(device), seq,
+                 cuda_graphs=cuda_graphs and not hybrid, draft_kv=draft_kv, drafter=drafter)
         lm.speculative_max_batch = speculative_max_batch
         return lm
 

@@ -128,9 +128,9 @@ class MLP(PreparedModule):
     """The SwiGLU feed-forward block: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, gate and up in one matmul
     (their weights are row views of one fused tensor, as in ``Attention``)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        d, inner = config.hidden_size, config.intermediate_size
+        d, inner = config.hidden_size, intermediate_size or config.intermediate_size
         self.gate_proj = nn.Linear(d, inner, bias=False)
         self.up_proj = nn.Linear(d, inner, bias=False)
         self.down_proj = nn.Linear(inner, d, bias=False)

@@ -14,22 +14,29 @@ from torch import nn
 from torch.nn import functional as F
 
 from .config import ModelConfig
+from .config_hybrid import FULL_ATTENTION
 from .context import ForwardContext
+from .hybrid_layer import HybridDecoderLayer
 from .layers import DecoderLayer, RMSNorm
+from .norms import ZeroCenteredRMSNorm
 
 
 class MtpHead(nn.Module):
     """The MTP draft head with HF names under ``mtp.``: ``pre_fc_norm_embedding``, ``pre_fc_norm_hidden``, ``fc`` ``[D,
-    2D]``, ``layers.N`` (decoder layers) and ``norm``; shares the main model's embedding and LM head."""
+    2D]``, ``layers.N`` (decoder layers) and ``norm``; shares the main model's embedding and LM head. In the hybrid
+    families the layers are full-attention ``HybridDecoderLayer``s (gated attention; Qwen3-Next's MoE) and the norms
+    are zero-centred."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        d = config.hidden_size
-        self.pre_fc_norm_embedding = RMSNorm(d, config.rms_norm_eps)
-        self.pre_fc_norm_hidden = RMSNorm(d, config.rms_norm_eps)
+        d, eps, n = config.hidden_size, config.rms_norm_eps, config.mtp_num_hidden_layers
+        norm = ZeroCenteredRMSNorm if config.is_hybrid else RMSNorm
+        self.pre_fc_norm_embedding: nn.Module = norm(d, eps)
+        self.pre_fc_norm_hidden: nn.Module = norm(d, eps)
         self.fc = nn.Linear(2 * d, d, bias=False)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.mtp_num_hidden_layers))
-        self.norm = RMSNorm(d, config.rms_norm_eps)
+        self.layers = nn.ModuleList(HybridDecoderLayer(config, i, i, -1, FULL_ATTENTION) if config.is_hybrid
+                                    else DecoderLayer(config, i) for i in range(n))
+        self.norm: nn.Module = norm(d, eps)
 
     def forward(self, embedded: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """``embedded`` (embeddings of the next tokens) and ``hidden`` ``[B, S, D]`` -> the head's output ``x``

@@ -20,18 +20,23 @@ from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
 from .config import ModelConfig
 from .context import ForwardContext, RopeTable
+from .hybrid_layer import HybridDecoderLayer, layer_indices
 from .layers import DecoderLayer, RMSNorm, rope_inv_freq
 from .mtp import MtpHead
+from .norms import ZeroCenteredRMSNorm
+from .state_step import StateStep
 
 
 @dataclass(frozen=True)
 class ForwardOutput:
     """The target's output for a window: float32 ``logits`` ``[B, S, vocab]`` (``[B, 1, vocab]`` when the forward asked
     for one column per row) and ``hidden`` ``[B, S, D]`` (the last layer's output before the final norm, the MTP
-    head's input)."""
+    head's input); ``states``: the forward's DeltaNet ``StateStep`` on a hybrid model (None otherwise), whose
+    ``rewind`` a verify window needs."""
 
     logits: torch.Tensor  # float32 [B, S, vocab]
     hidden: torch.Tensor  # [B, S, hidden]: the last decoder layer's output before the final norm (MTP input)
+    states: StateStep | None = None
 
 
 @dataclass(frozen=True)
@@ -44,13 +49,20 @@ class DraftOutput:
 
 
 class DecoderModel(nn.Module):
-    """HF's ``model.*`` part: ``embed_tokens``, ``layers``, ``norm``."""
+    """HF's ``model.*`` part: ``embed_tokens``, ``layers``, ``norm`` (hybrid families: ``HybridDecoderLayer``s and a
+    zero-centred final norm)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm: nn.Module
+        if config.is_hybrid:
+            self.layers = nn.ModuleList(HybridDecoderLayer(config, i, kv, lin)
+                                        for i, (kv, lin) in enumerate(layer_indices(config)))
+            self.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        else:
+            self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+            self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class Transformer(nn.Module):
@@ -65,7 +77,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.mtp = MtpHead(config) if config.mtp_num_hidden_layers else None
         self._rope = RopeTable()
-        self.register_buffer("inv_freq", rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling),
+        self.register_buffer("inv_freq", rope_inv_freq(config.rotary_dim, config.rope_theta, config.rope_scaling),
                              persistent=False)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -81,12 +93,14 @@ class Transformer(nn.Module):
         """The parameters' dtype."""
         return self.model.embed_tokens.weight.dtype
 
-    def context(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int) -> ForwardContext:
+    def context(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
+                valid: np.ndarray | None = None, keep_states: bool = False) -> ForwardContext:
         """A ``ForwardContext`` for a window of ``seqlen`` positions starting at ``start[b]`` of the pool's active rows,
-        with this model's RoPE tables and head geometry."""
+        with this model's RoPE tables and head geometry; ``valid[b]``: row b's real positions (right padding after);
+        ``keep_states``: keep the DeltaNet state after every position (a verify window)."""
         c = self.config
         return ForwardContext(pool, backend, start, seqlen, self.rope(start, seqlen), c.num_attention_heads,
-                              c.num_key_value_heads, c.head_dim, self.dtype)
+                              c.num_key_value_heads, c.head_dim, self.dtype, valid, keep_states)
 
     def rope(self, start: np.ndarray, seqlen: int) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE cos and sin ``[B, S, 1, head_dim]`` of positions ``start[b] + [0, S)`` (from a cached table; sin with
@@ -95,12 +109,14 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: np.ndarray, pool: KvCachePool,
-                backend: AttentionBackend, logit_cols: np.ndarray | None = None) -> ForwardOutput:
+                backend: AttentionBackend, logit_cols: np.ndarray | None = None,
+                keep_states: bool = False) -> ForwardOutput:
         """``tokens`` int64 ``[B, S]`` for the pool's active rows at positions ``start[b] + [0, S)``. With
         ``logit_cols`` (int64 ``[B]``) the LM head runs only at column ``logit_cols[b]`` of each row and ``logits``
         is ``[B, 1, vocab]`` (a prefill needs the last prompt position's logits alone); ``hidden`` keeps every
-        position."""
-        return self.run(tokens, self.context(pool, backend, start, tokens.shape[1]), logit_cols)
+        position. ``keep_states`` (a verify window on a hybrid model): ``ForwardOutput.states`` can ``rewind``."""
+        valid = None if logit_cols is None else np.asarray(logit_cols, dtype=np.int64) + 1  # padding follows
+        return self.run(tokens, self.context(pool, backend, start, tokens.shape[1], valid, keep_states), logit_cols)
 
     def run(self, tokens: torch.Tensor, ctx: ForwardContext, logit_cols: np.ndarray | None = None) -> ForwardOutput:
         """The forward over a prepared context (CUDA-graph runners capture this with static buffers); commits the
@@ -113,7 +129,7 @@ class Transformer(nn.Module):
         if logit_cols is not None:
             rows = torch.arange(x.shape[0], device=x.device)
             h = x[rows, torch.from_numpy(np.asarray(logit_cols, dtype=np.int64)).to(x.device)][:, None]
-        out = ForwardOutput(self.logits(self.model.norm.forward(h)), x)
+        out = ForwardOutput(self.logits(self.model.norm.forward(h)), x, ctx.states)
         ctx.commit()
         return out
 

@@ -141,3 +141,16 @@ def test_serving_options_reach_the_model(java_classes: Path) -> None:
     done = launch(java_classes, "bridgetest.apps.ModelApp", options=("--speculative-max-batch", "-1"))
     assert done.returncode == 2
     assert "java_bridge: cannot load the model: speculative_max_batch" in done.stderr
+
+
+def test_a_hybrid_checkpoint_serves_java(java_classes: Path, tmp_path: Path) -> None:
+    """A hybrid Qwen3-Next checkpoint (Gated DeltaNet, MoE, MTP) behind Bridge.languageModel(): Java generates
+    speculatively through the same request path."""
+    pytest.importorskip("transformers")
+    from tests.model.hybrid_models import build_hybrid_model
+
+    build_hybrid_model("qwen3_next", tmp_path / "hybrid", seed=7)
+    done = launch(java_classes, "bridgetest.apps.ModelApp", options=("--model", str(tmp_path / "hybrid")))
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout.split("ModelApp stats=")[1])
+    assert stats["generated_tokens"] == 8 and stats["speculative_rounds"] > 0

@@ -1,0 +1,58 @@
+"""One decoder layer of the hybrid Qwen3.5 / Qwen3-Next families (HF ``Qwen3NextDecoderLayer``): zero-centred pre-norms,
+a token mixer that is either Gated DeltaNet (``linear_attn``) or gated full attention (``self_attn``), and a SwiGLU
+MLP or (Qwen3-Next) a sparse MoE with a shared expert."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .config_hybrid import LINEAR_ATTENTION
+from .gated_attention import GatedAttention
+from .gated_deltanet import gated_deltanet
+from .layers import MLP
+from .moe import SparseMoe
+from .norms import ZeroCenteredRMSNorm
+
+if TYPE_CHECKING:
+    from .context import ForwardContext
+
+
+class HybridDecoderLayer(nn.Module):
+    """``x + mixer(input_layernorm(x))``, then ``+ mlp(post_attention_layernorm(x))``. ``kv_layer`` (full attention)
+    and ``linear_layer`` (DeltaNet) are the layer's index among its kind: its KV pool layer or its state slot.
+    ``layer_type`` defaults to ``config.layer_types[layer_idx]`` (the MTP head's layers pass full attention)."""
+
+    def __init__(self, config: ModelConfig, layer_idx: int, kv_layer: int, linear_layer: int,
+                 layer_type: str | None = None) -> None:
+        super().__init__()
+        self.is_linear = (layer_type or config.layer_types[layer_idx]) == LINEAR_ATTENTION
+        self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        if self.is_linear:
+            self.linear_attn = gated_deltanet(config, linear_layer)
+        else:
+            self.self_attn = GatedAttention(config, kv_layer)
+        self.mlp: nn.Module = SparseMoe(config) if config.moe is not None and config.moe.is_sparse(layer_idx) \
+            else MLP(config)
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """``x`` ``[B, S, D]`` -> ``[B, S, D]``; advances this layer's state or writes its K/V."""
+        mixer = self.linear_attn if self.is_linear else self.self_attn
+        x = x + mixer.forward(self.input_layernorm.forward(x), ctx)
+        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+
+
+def layer_indices(config: ModelConfig) -> list[tuple[int, int]]:
+    """Per layer, its (KV layer, linear layer) index: how many full-attention and DeltaNet layers precede it."""
+    out, kv, linear = [], 0, 0
+    for t in config.layer_types:
+        out.append((kv, linear))
+        if t == LINEAR_ATTENTION:
+            linear += 1
+        else:
+            kv += 1
+    return out

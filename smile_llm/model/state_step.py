@@ -1,0 +1,93 @@
+"""StateStep: one forward's view of the active rows' Gated DeltaNet state in the pool's attached ``StatePool``.
+
+The state pool holds ``conv`` ``[max_requests, L, conv_dim, K-1]`` (the model dtype) and ``recurrent``
+``[max_requests, L, H_v, d_k, d_v]`` (float32) for the model's L DeltaNet layers (``state_specs``). A forward reads
+each layer's rows at their slots and writes the state after the window back in place. ``valid`` gives each row's
+real positions when the window is right-padded (a padded prefill batch); the state written is the one after them.
+
+A speculative verify window keeps the state after every window position (``keep_positions``): once the target has
+accepted ``kept[b]`` drafts of row b, ``rewind(kept)`` puts back the state after the row's last kept position, with
+no second forward (Smile's checkpoint replay).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from ..cache import StatePool, StateSpec
+from .config import ModelConfig
+from .config_hybrid import LINEAR_ATTENTION
+
+
+def state_specs(config: ModelConfig, dtype: torch.dtype) -> dict[str, StateSpec]:
+    """The state pool kinds of a hybrid model: per request, every DeltaNet layer's conv and recurrent state."""
+    la = config.linear_attention
+    if la is None:
+        raise ValueError("state_specs needs a hybrid config (linear_attention geometry)")
+    layers = sum(1 for t in config.layer_types if t == LINEAR_ATTENTION)
+    recurrent_dtype = getattr(torch, la.state_dtype)
+    return {"conv": StateSpec((layers, *la.conv_state_shape), dtype),
+            "recurrent": StateSpec((layers, *la.recurrent_state_shape), recurrent_dtype)}
+
+
+class StateStep:
+    """The active rows' slots (``ids`` in step order), their valid lengths, and read/write of one layer's state."""
+
+    def __init__(self, states: StatePool, ids: Sequence[int], seqlen: int, valid: np.ndarray | None = None,
+                 keep_positions: bool = False) -> None:
+        self.slots = states.slots(ids)
+        self.conv, self.recurrent = states.buffers["conv"], states.buffers["recurrent"]
+        self.valid = None if valid is None or bool((valid >= seqlen).all()) else valid
+        self.keep_positions = keep_positions
+        self._kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> per-position (conv, recurrent)
+
+    def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``layer``'s conv state ``[B, C, K-1]`` and recurrent state float32 ``[B, H_v, d_k, d_v]`` (copies)."""
+        return self.conv[self.slots, layer], self.recurrent[self.slots, layer]
+
+    def write(self, layer: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+        """Store ``layer``'s state after the window for every row."""
+        self.conv[self.slots, layer] = conv.to(self.conv.dtype)
+        self.recurrent[self.slots, layer] = recurrent.to(self.recurrent.dtype)
+
+    def keep(self, layer: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+        """Hold ``layer``'s state after every window position: conv ``[B, S, C, K-1]``, recurrent float32
+        ``[B, S, H_v, d_k, d_v]`` (only when ``keep_positions``)."""
+        self._kept[layer] = (conv, recurrent)
+
+    def rewind(self, kept: np.ndarray) -> None:
+        """After a verify window: row b keeps window positions ``[0, kept[b]]``, so every layer's state of row b
+        becomes the one after position ``kept[b]`` (rows that kept the whole window already hold it). RuntimeError
+        unless the forward kept its per-position states."""
+        if not self.keep_positions:
+            raise RuntimeError("rewind needs a forward that kept its per-position states (keep_positions)")
+        kept = np.asarray(kept, dtype=np.int64)
+        for layer, (conv, recurrent) in self._kept.items():
+            last = conv.shape[1] - 1
+            rows = np.flatnonzero(kept < last)
+            if len(rows) == 0:
+                continue
+            r = torch.from_numpy(rows).to(self.slots.device)
+            at = torch.from_numpy(kept[rows]).to(self.slots.device)
+            self.conv[self.slots[r], layer] = conv[r, at].to(self.conv.dtype)
+            self.recurrent[self.slots[r], layer] = recurrent[r, at].to(self.recurrent.dtype)
+
+    def real_positions(self, seqlen: int) -> torch.Tensor | None:
+        """bool ``[B, S]``: True on each row's real positions; None when every position of every row is real."""
+        if self.valid is None:
+            return None
+        valid = torch.from_numpy(self.valid).to(self.slots.device)
+        return torch.arange(seqlen, device=valid.device)[None, :] < valid[:, None]
+
+    def conv_state_at_ends(self, conv_state: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
+        """The conv state after each row's last real input: the K-1 inputs ending there, from the previous state
+        ``[B, C, K-1]`` followed by the window's inputs ``mixed`` ``[B, S, C]``."""
+        assert self.valid is not None
+        window = torch.cat((conv_state.to(mixed.dtype), mixed.transpose(1, 2)), dim=2)  # [B, C, K-1+S]
+        width = conv_state.shape[2]
+        ends = torch.from_numpy(self.valid).to(window.device)
+        idx = (ends[:, None] + torch.arange(width, device=window.device))[:, None, :].expand(-1, window.shape[1], -1)
+        return window.gather(2, idx)
