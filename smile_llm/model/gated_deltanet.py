@@ -73,7 +73,7 @@ class GatedDeltaNet(PreparedModule):
         v = v.reshape(b, s, self.num_v_heads, self.head_v_dim)
         beta = beta_logits.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        real = states.real_positions(s)  # None, or bool [B, S]: False on right padding
+        real = states.real  # None, or bool [B, S]: False on right padding
         if real is not None:
             beta = beta * real[..., None].to(beta.dtype)
             g = g * real[..., None]

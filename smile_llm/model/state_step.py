@@ -42,6 +42,11 @@ class StateStep:
         self.conv, self.recurrent = states.buffers["conv"], states.buffers["recurrent"]
         self.valid = None if valid is None or bool((valid >= seqlen).all()) else valid
         self.keep_positions = keep_positions
+        # bool [B, S], True on each row's real positions (None: all are real); the same for every layer
+        self.real: torch.Tensor | None = None
+        if self.valid is not None:
+            ends = torch.from_numpy(self.valid).to(self.slots.device)
+            self.real = torch.arange(seqlen, device=ends.device)[None, :] < ends[:, None]
         self._kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> per-position (conv, recurrent)
 
     def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,13 +79,6 @@ class StateStep:
             at = torch.from_numpy(kept[rows]).to(self.slots.device)
             self.conv[self.slots[r], layer] = conv[r, at].to(self.conv.dtype)
             self.recurrent[self.slots[r], layer] = recurrent[r, at].to(self.recurrent.dtype)
-
-    def real_positions(self, seqlen: int) -> torch.Tensor | None:
-        """bool ``[B, S]``: True on each row's real positions; None when every position of every row is real."""
-        if self.valid is None:
-            return None
-        valid = torch.from_numpy(self.valid).to(self.slots.device)
-        return torch.arange(seqlen, device=valid.device)[None, :] < valid[:, None]
 
     def conv_state_at_ends(self, conv_state: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
         """The conv state after each row's last real input: the K-1 inputs ending there, from the previous state
