@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Train the small default model shipped in ``smile_llm/model/default/``.
+"""Train the small default models shipped in ``smile_llm/model/default/`` and ``smile_llm/model/default_hybrid/``.
 
-A byte-level Qwen3-architecture model with a 1-layer MTP (multi-token prediction) head, trained on CPU on the
-Python standard library's own ``.py`` sources. Parameters are saved with Hugging Face Qwen3 names (the MTP head
+A byte-level Qwen3-architecture model (``--arch dense``, the default) or a hybrid Qwen3.5 model (``--arch hybrid``:
+Gated DeltaNet and gated full-attention layers, modules in ``hybrid_train_modules.py``), each with a 1-layer MTP
+(multi-token prediction) head, trained on CPU on the Python standard library's own ``.py`` sources. Parameters are saved with Hugging Face Qwen3 names (the MTP head
 under ``mtp.*``, Qwen3-Next style), so ``transformers.Qwen3ForCausalLM`` can load the main model and the
 project's own loader can load both.
 
@@ -12,6 +13,7 @@ steps depends on the machine's speed).
 Example::
 
     python scripts/train_default_model.py --minutes 40 --threads 1 --seed 1234
+    python scripts/train_default_model.py --arch hybrid --minutes 40 --threads 1 --seed 1234
 """
 from __future__ import annotations
 
@@ -33,6 +35,9 @@ EOS = 256
 VOCAB = 257
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "smile_llm" / "model" / "default"
+HYBRID_OUT = REPO / "smile_llm" / "model" / "default_hybrid"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hybrid_train_modules import MLP, HybridWithMTP, MtpForwards, hybrid_hf_config, init_hybrid_weights  # noqa: E402
 EXCLUDED_DIRS = {"site-packages", "test", "tests", "idlelib", "lib2to3"}
 
 
@@ -136,18 +141,6 @@ class Attention(nn.Module):
         return self.o_proj(o.transpose(1, 2).reshape(b, s, self.nh * self.hd))
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        d, f = cfg["hidden_size"], cfg["intermediate_size"]
-        self.gate_proj = nn.Linear(d, f, bias=False)
-        self.up_proj = nn.Linear(d, f, bias=False)
-        self.down_proj = nn.Linear(f, d, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -180,36 +173,16 @@ class MTPHead(nn.Module):
         self.norm = RMSNorm(d, cfg["rms_norm_eps"])
 
 
-class Qwen3WithMTP(nn.Module):
+class Qwen3WithMTP(MtpForwards, nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
         self.model = Qwen3Body(cfg)
         self.mtp = MTPHead(cfg)
 
-    def logits(self, h_normed):
-        return F.linear(h_normed, self.model.embed_tokens.weight)  # tied lm_head
-
     def _rope(self, start: int, length: int):
         pos = torch.arange(start, start + length)
         return rope_cos_sin(pos, self.cfg["head_dim"], self.cfg["rope_theta"])
-
-    def forward_main(self, ids):
-        """Returns (last decoder layer output before the final norm, logits)."""
-        cos, sin = self._rope(0, ids.shape[1])
-        h = self.model.embed_tokens(ids)
-        for layer in self.model.layers:
-            h = layer(h, cos, sin)
-        return h, self.logits(self.model.norm(h))
-
-    def forward_mtp(self, hidden, next_ids, pos_start: int):
-        """MTP step: hidden[t] (pre-norm) + embedding of token t+1 -> (MTP pre-norm output, logits for t+2)."""
-        e = self.mtp.pre_fc_norm_embedding(self.model.embed_tokens(next_ids))
-        x = self.mtp.fc(torch.cat([e, self.mtp.pre_fc_norm_hidden(hidden)], dim=-1))
-        cos, sin = self._rope(pos_start, next_ids.shape[1])
-        for layer in self.mtp.layers:
-            x = layer(x, cos, sin)
-        return x, self.logits(self.mtp.norm(x))
 
 
 def init_weights(model: Qwen3WithMTP, n_layers: int):
@@ -363,7 +336,7 @@ def save_outputs(model, cfg, out: Path):
     (out / "smile_tokenizer.json").write_text(json.dumps(tok, indent=2) + "\n")
 
 
-def plot_curve(history, evals, path: Path):
+def plot_curve(history, evals, path: Path, arch: str = "Qwen3"):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -388,17 +361,20 @@ def plot_curve(history, evals, path: Path):
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title("smile_llm default model (byte-level Qwen3 + MTP) on the Python stdlib")
+    ax.set_title(f"smile_llm default model (byte-level {arch} + MTP) on the Python stdlib")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def hf_check(model, out: Path, windows) -> dict:
-    """Load the saved folder with transformers.Qwen3ForCausalLM and compare logits."""
+def hf_check(model, out: Path, windows, hybrid: bool = False) -> dict:
+    """Load the saved folder with transformers (Qwen3ForCausalLM, or Qwen3_5ForCausalLM for the hybrid model) and
+    compare logits."""
     try:
         import transformers
         from transformers import Qwen3ForCausalLM
+        if hybrid:
+            from transformers import Qwen3_5ForCausalLM as Qwen3ForCausalLM  # noqa: N814
     except Exception as exc:  # pragma: no cover
         return {"ok": False, "error": f"transformers unavailable: {exc}"}
     hf, info = Qwen3ForCausalLM.from_pretrained(str(out), torch_dtype=torch.float32, output_loading_info=True,
@@ -419,7 +395,11 @@ def hf_check(model, out: Path, windows) -> dict:
 # --------------------------------------------------------------------------------------------------------------
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--arch", choices=("dense", "hybrid"), default="dense")
+    ap.add_argument("--out", type=Path, default=None, help="default: smile_llm/model/default[_hybrid]")
+    ap.add_argument("--full-every", type=int, default=4, help="hybrid: every Nth layer is full attention")
+    ap.add_argument("--linear-heads", type=int, default=4, help="hybrid: DeltaNet key (= value) heads")
+    ap.add_argument("--linear-head-dim", type=int, default=32, help="hybrid: DeltaNet head dim")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--minutes", type=float, default=40.0, help="wall-clock training budget")
@@ -445,6 +425,9 @@ def main(argv=None):
     ap.add_argument("--final-eval-windows", type=int, default=256)
     ap.add_argument("--bench", type=int, default=0, help="only time N steps (fp32 and bf16) and exit")
     args = ap.parse_args(argv)
+    hybrid = args.arch == "hybrid"
+    if args.out is None:
+        args.out = HYBRID_OUT if hybrid else DEFAULT_OUT
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -454,9 +437,14 @@ def main(argv=None):
     train, held, corpus = build_corpus(args.holdout_every)
     print(f"corpus: {json.dumps(corpus)}", flush=True)
 
-    cfg = hf_config(args)
-    model = Qwen3WithMTP(cfg)
-    init_weights(model, args.layers)
+    if hybrid:
+        cfg = hybrid_hf_config(hf_config(args), args)
+        model = HybridWithMTP(cfg)
+        init_hybrid_weights(model, args.layers)
+    else:
+        cfg = hf_config(args)
+        model = Qwen3WithMTP(cfg)
+        init_weights(model, args.layers)
     n_params = sum(p.numel() for p in model.parameters())
     n_mtp = sum(p.numel() for p in model.mtp.parameters())
     print(f"params: total {n_params:,} (main {n_params - n_mtp:,}, mtp {n_mtp:,})", flush=True)
@@ -541,18 +529,56 @@ def main(argv=None):
 
     out = args.out
     save_outputs(model, cfg, out)
-    plot_curve(history, evals, out / "loss_curve.png")
+    plot_curve(history, evals, out / "loss_curve.png", "hybrid Qwen3.5" if hybrid else "Qwen3")
     samples = {p: greedy_sample(model, p, 200) for p in ("def ", "import os\n")}
     for p, s in samples.items():
         print(f"sample {p!r}: {s!r}", flush=True)
-    check = hf_check(model, out, final_w)
+    check = hf_check(model, out, final_w, hybrid)
     print(f"hf check: {json.dumps(check)}", flush=True)
 
     cmd = "python scripts/train_default_model.py " + " ".join(sys.argv[1:] if argv is None else argv)
     total_wall = time.time() - t_start
     size = (out / "model.safetensors").stat().st_size
     fence = "```"
-    readme = f"""# Default model (`LanguageModel.default()`)
+    if hybrid:
+        types = cfg["layer_types"]
+        pattern = "".join("L" if t == "linear_attention" else "F" for t in types)
+        num_full = types.count("full_attention")
+        head = f"""# Default hybrid model (`LanguageModel.default(kind="hybrid")`)
+
+A small byte-level hybrid Qwen3.5 model (Gated DeltaNet and gated full-attention layers) with a 1-layer MTP
+(multi-token prediction) head, trained on CPU by `scripts/train_default_model.py --arch hybrid`. It writes
+Python-like text; it is a demo and test model for the hybrid serving path (DeltaNet state pool, state snapshots for
+prefix reuse, MTP speculation with state rewind), not a useful assistant.
+
+## Files
+
+- `config.json`: a Hugging Face Qwen3.5 text config (`model_type` `qwen3_5_text`, `Qwen3_5ForCausalLM`) plus
+  `mtp_num_hidden_layers: 1` and `speculative_config.num_speculative_tokens: 3`.
+- `smile_tokenizer.json`: the byte tokenizer (ids 0..255 are bytes, 256 is `<|endoftext|>`, used as bos and eos).
+- `model.safetensors`: float32 weights, Hugging Face Qwen3.5 names (`model.*`; `lm_head` is tied to
+  `model.embed_tokens`, so it is not stored) and the MTP head under `mtp.*` (`pre_fc_norm_embedding`,
+  `pre_fc_norm_hidden`, `fc` [hidden, 2*hidden], `layers.0.*` a gated full-attention layer, `norm`). {{size:,}} bytes.
+- `loss_curve.png`: training loss and held-out bits per byte against the step.
+
+## Architecture
+
+hidden {args.hidden}, {args.layers} layers `{pattern}` (L: Gated
+DeltaNet, F: gated full attention), SwiGLU MLP {args.intermediate}, zero-centred RMSNorms (eps 1e-6), tied
+embeddings, vocabulary 257. Full attention: {args.heads} query heads / {args.kv_heads} kv heads of dim {args.head_dim},
+a sigmoid output gate, q/k norms, RoPE theta 10000 on the first quarter of each head. Gated DeltaNet:
+{args.linear_heads} key and value heads of dim {args.linear_head_dim}, causal conv of width 4 over q/k/v, L2-normalised
+q/k, decay from `A_log`/`dt_bias`, gated RMSNorm with `z`. Parameters: {{n_params:,}} ({{n_params - n_mtp:,}} main,
+{{n_mtp:,}} MTP head). Per request the DeltaNet state is fixed-size; only the {num_full} full-attention
+layers keep KV.
+
+MTP head: as in the dense default model (`fc` over the normed next-token embedding and the normed pre-norm hidden
+state, one decoder layer, here gated full attention, `mtp.norm`, the shared lm_head), trained on the
+next-next-token loss (weight {args.mtp1_weight}) and chained on its own output (weight {args.mtp2_weight}).
+
+"""
+    else:
+        head = f"""# Default model (`LanguageModel.default()`)
 
 A small byte-level model with the Qwen3 architecture and a 1-layer MTP (multi-token prediction) head, trained on
 CPU by `scripts/train_default_model.py`. It writes Python-like text; it is a demo and test model, not a useful
@@ -565,14 +591,14 @@ assistant.
 - `smile_tokenizer.json`: the byte tokenizer (ids 0..255 are bytes, 256 is `<|endoftext|>`, used as bos and eos).
 - `model.safetensors`: float32 weights, Hugging Face Qwen3 names (`model.*`; `lm_head` is tied to
   `model.embed_tokens`, so it is not stored) and the MTP head under `mtp.*` (`pre_fc_norm_embedding`,
-  `pre_fc_norm_hidden`, `fc` [hidden, 2*hidden], `layers.0.*` with decoder-layer names, `norm`). {size:,} bytes.
+  `pre_fc_norm_hidden`, `fc` [hidden, 2*hidden], `layers.0.*` with decoder-layer names, `norm`). {{size:,}} bytes.
 - `loss_curve.png`: training loss and held-out bits per byte against the step.
 
 ## Architecture
 
 hidden {args.hidden}, {args.layers} layers, {args.heads} query heads / {args.kv_heads} kv heads of dim
 {args.head_dim}, SwiGLU MLP {args.intermediate}, RMSNorm eps 1e-6, q/k norm, RoPE theta 10000 (rotate-half),
-tied embeddings, vocabulary 257. Parameters: {n_params:,} ({n_params - n_mtp:,} main, {n_mtp:,} MTP head).
+tied embeddings, vocabulary 257. Parameters: {{n_params:,}} ({{n_params - n_mtp:,}} main, {{n_mtp:,}} MTP head).
 
 MTP head: for position t, `x = fc(cat([pre_fc_norm_embedding(embed(token[t+1])), pre_fc_norm_hidden(h[t])]))`,
 where `h[t]` is the last decoder layer's output before the final norm; then the MTP decoder layer (causal
@@ -581,7 +607,10 @@ chained drafts the head is fed its own pre-norm output as the hidden input (and 
 embedding input); it was trained that way too (loss weight {args.mtp2_weight}), besides the next-next-token loss
 (weight {args.mtp1_weight}).
 
-## Corpus
+"""
+    head = head.replace("{size:,}", f"{size:,}").replace("{n_params:,}", f"{n_params:,}")
+    head = head.replace("{n_params - n_mtp:,}", f"{n_params - n_mtp:,}").replace("{n_mtp:,}", f"{n_mtp:,}")
+    readme = head + f"""## Corpus
 
 The `.py` files of the Python {corpus['python_version']} standard library (`sysconfig.get_paths()["stdlib"]`,
 without `site-packages`, `test`, `tests`, `idlelib`, `lib2to3` and `__pycache__`), sorted by relative path, each
@@ -617,7 +646,7 @@ and cosine decay to {args.min_lr_frac:.0%} over the wall-clock budget, gradient 
 
 (Teacher-forced: the drafts are fed the true previous bytes.)
 
-Hugging Face check: `transformers.Qwen3ForCausalLM.from_pretrained` (transformers {check.get('transformers')})
+Hugging Face check: `transformers.{'Qwen3_5ForCausalLM' if hybrid else 'Qwen3ForCausalLM'}.from_pretrained` (transformers {check.get('transformers')})
 loads the folder with missing keys {check.get('missing_keys')} and {check.get('unexpected_keys_count')} unexpected
 (`mtp.*`) keys; max |logit difference| against the training model {check.get('max_abs_logit_diff', float('nan')):.2e}.
 

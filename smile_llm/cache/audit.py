@@ -161,7 +161,8 @@ def stats(pool: KvCachePool) -> dict[str, Any]:
     """A snapshot of ``pool`` (``KvCachePool.stats``): pages by owner (``free_pages``, ``tree_pages``,
     ``private_pages``, ``caller_pages``, ``scratch_pages``), bound/offloaded requests, the active batch, the tree's
     cached/evictable/protected tokens, the cumulative prefix counters and ``prefix_hit_rate`` (match / prompt tokens,
-    0.0 before any bind). Changes nothing."""
+    0.0 before any bind), and with state pools attached ``state_snapshots`` (snapshots held for tree nodes) and
+    ``state_snapshot_capacity``. Changes nothing."""
     pages, radix, table = pool._pages, pool._radix, pool._table
     prompt, match = pool.prefix_prompt_tokens, pool.prefix_match_tokens
     return {
@@ -183,4 +184,6 @@ def stats(pool: KvCachePool) -> dict[str, Any]:
         "prefix_insert_tokens": pool.prefix_insert_tokens,
         "prefix_evict_tokens": pool.prefix_evict_tokens,
         "prefix_hit_rate": match / prompt if prompt else 0.0,
+        **({"state_snapshots": sum(s.snapshots.cached_count for s in pool.state_pools),
+            "state_snapshot_capacity": sum(s.snapshot_capacity for s in pool.state_pools)} if pool.state_pools else {}),
     }

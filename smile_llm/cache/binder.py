@@ -12,11 +12,16 @@ Page regions of one bound request (ps = page_size, positions in tokens)::
     [matched_len, capacity)    private pages; [matched_len, kv_len) holds written KV
     on finish                  [matched_len, floor_page(min(len(sequence), kv_len))) goes to the tree, minus
                                what the tree already had (duplicates); every other private page is freed
+
+With state pools attached (``states``, the pool's list), a match may only end at a node whose state snapshot every
+state pool holds (the state after the prefix must be restored with it), and each insert hands the request's pending
+snapshot of the inserted length to the node ending there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +33,10 @@ from .pages import NO_HOLDER, PageAllocator, PageOwner, page_slots
 from .radix import PathSegment, RadixCache
 from .tokens import EMPTY
 
+if TYPE_CHECKING:
+    from .radix import TreeNode
+    from .state_pool import StatePool
+
 PREFIX_NAMESPACE: Hashable = None  # the pool's radix namespace
 
 
@@ -35,8 +44,9 @@ class Binder:
     """Page movements of one pool. Not locked: the pool serialises calls."""
 
     def __init__(self, pages: PageAllocator, radix: RadixCache, table: BindingTable, kv: KvStore,
-                 fresh_page_fill: str) -> None:
+                 fresh_page_fill: str, states: list[StatePool]) -> None:
         self.pages, self.radix, self.table, self.kv = pages, radix, table, kv
+        self.states = states  # the pool's attached state pools (the same list)
         self.page_size = radix.page_size
         self.fresh_page_fill = fresh_page_fill
         self.prefix_reuse = True
@@ -57,15 +67,36 @@ class Binder:
         segments: list[PathSegment] = []
         if self.prefix_reuse and len(prompt) > 1:
             cap = floor_page(len(prompt) - 1, self.page_size)
-            segments = self.radix.peek_prefix(prompt[:cap], PREFIX_NAMESPACE)
+            segments = self.restorable(self.radix.peek_prefix(prompt[:cap], PREFIX_NAMESPACE))
         freed = sum(len(b.private_pages(self.page_size)) for b in release if b.offload is None)
         evictable = self.radix.evictable_size_if([b.locked_node for b in release], segments)
         return sum(s.matched for s in segments), self.pages.free_pages + freed + evictable // self.page_size
 
+    def restorable(self, segments: list[PathSegment]) -> list[PathSegment]:
+        """``segments`` (a would-be match) cut back to end at the deepest wholly matched node whose state snapshot
+        every attached state pool holds; unchanged without state pools."""
+        if not self.states:
+            return segments
+        end = 0
+        for i, seg in enumerate(segments):
+            if seg.matched < len(seg.node):
+                break
+            if all(states.has_snapshot(seg.node) for states in self.states):
+                end = i + 1
+        return segments[:end]
+
+    def _adopt(self, b: Binding, node: TreeNode, length: int) -> None:
+        """The tree now caches ``b``'s first ``length`` tokens, ending at ``node``: hand over its snapshots."""
+        for states in self.states:
+            states.adopt_snapshot(b.request_id, node, length)
+
     # ------------------------------------------------------------------ committing (callers planned it)
     def evict(self, num_tokens: int) -> int:
-        """Evict at least ``num_tokens`` unlocked tree tokens (LRU) and free their pages; returns tokens evicted."""
+        """Evict at least ``num_tokens`` unlocked tree tokens (LRU) and free their pages (and the evicted nodes'
+        state snapshots); returns tokens evicted."""
         slots = self.radix.evict(num_tokens)
+        for states in self.states:
+            states.drop_evicted_snapshots()
         self.pages.release(slots[:: self.page_size] // self.page_size)
         self.evict_tokens += len(slots)
         return len(slots)
@@ -117,6 +148,7 @@ class Binder:
                 keep_hi = (insert_len - b.matched_len) // ps
                 self.pages.transfer(private[keep_lo:keep_hi], PageOwner.TREE)
                 self.insert_tokens += insert_len - result.prefix_len
+                self._adopt(b, result.last_node, insert_len)
             self.pages.release(np.concatenate([private[:keep_lo], private[keep_hi:]]))
         self.radix.dec_lock_ref(b.locked_node)
         self.table.remove(b)
@@ -147,6 +179,7 @@ class Binder:
         self.radix.dec_lock_ref(b.locked_node)
         b.locked_node = match.last_node
         b.matched_len = insert_len
+        self._adopt(b, match.last_node, insert_len)
         b.prefix_tokens = sequence[:insert_len].copy()
         added = insert_len - result.prefix_len
         self.insert_tokens += added

@@ -123,12 +123,12 @@ class KvCachePool:
         self._step: ActiveStep | None = None
         self._lock = threading.RLock()
         self._closed = False
-        self._binder = Binder(self._pages, self._radix, self._table, self._kv, fresh_page_fill)
+        self._states: list[StatePool] = []  # per-request state beside the KV (attach_state), bound with each request
+        self._binder = Binder(self._pages, self._radix, self._table, self._kv, fresh_page_fill, self._states)
         self._decode = DecodeGraphBuffers(self._device)
         self._verify = VerifyGraphBuffers(self._page_size, self._device)
         self._graph_csr = GraphCsr(self._page_size, self._num_slots // self._page_size, self._device)
         self._prefetch = PrefetchState()
-        self._states: list[StatePool] = []  # per-request state beside the KV (attach_state), bound with each request
 
     # ------------------------------------------------------------------ factories (API.md section 1 and 3)
     allocate = classmethod(factories.allocate)
@@ -194,10 +194,14 @@ class KvCachePool:
             self._clear_step()
 
     def _bind(self, prompt: np.ndarray, pages: int, matched: int, exclusive: bool) -> Binding:
-        """Bind KV pages and a slot of every attached state pool (the callers checked ``_states_fit`` first)."""
+        """Bind KV pages and a slot of every attached state pool (the callers checked ``_states_fit`` first); on a
+        prefix hit the slot starts from the matched node's snapshot (the plan only matches nodes that have one)."""
         b = self._binder.bind(prompt, pages, matched, exclusive=exclusive)
         for states in self._states:
             states.bind(b.request_id)
+            if matched:
+                assert b.locked_node is not None
+                states.restore_snapshot(b.request_id, b.locked_node)
         return b
 
     def _states_fit(self, count: int, releasing: list[Binding], verb: str) -> None:
@@ -806,7 +810,9 @@ class KvCachePool:
     def attach_state(self, states: StatePool) -> None:
         """Bind, release, offload and restore a slot of ``states`` together with every request's KV from now on (by
         the same verbs, under this pool's lock): a bind that finds no free slot raises KvCacheExhaustedError like
-        one that finds no pages, and ``check_invariants`` audits the slots. Attach before binding anything
+        one that finds no pages, and ``check_invariants`` audits the slots. From now on a prefix match ends only at a
+        tree node holding a state snapshot (``StatePool`` prefix snapshots), which the bind restores: with none,
+        every bind misses. Attach before binding anything
         (RuntimeError otherwise); ValueError for a state pool on another device or one already attached."""
         if not isinstance(states, StatePool):
             raise ValueError(f"states must be a StatePool, got {type(states).__name__}")
@@ -816,6 +822,7 @@ class KvCachePool:
             raise ValueError("this state pool is already attached")
         if len(self._table):
             raise RuntimeError(f"attach_state with {len(self._table)} requests bound; attach before binding")
+        states.lock = self._lock
         self._states.append(states)
 
     @property
@@ -859,9 +866,11 @@ class KvCachePool:
 
     @_locked
     def peek_prefix_slots(self, tokens: Any) -> np.ndarray:
-        """Slot ids (int64) of the longest cached page-aligned prefix of ``tokens`` in the pool's prefix tree, without
-        splitting nodes, locking or touching LRU times (changes nothing). ValueError for bad tokens."""
-        segments = self._radix.peek_prefix(as_int_array(tokens, "tokens"), PREFIX_NAMESPACE)
+        """Slot ids (int64) of the longest cached page-aligned prefix of ``tokens`` in the pool's prefix tree that a
+        bind could match (with state pools attached: ending at a node with a state snapshot), without splitting
+        nodes, locking or touching LRU times (changes nothing). ValueError for bad tokens."""
+        tree_path = self._radix.peek_prefix(as_int_array(tokens, "tokens"), PREFIX_NAMESPACE)
+        segments = self._binder.restorable(tree_path)
         parts = [seg.node.value[: seg.matched] for seg in segments if seg.node.value is not None]
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
@@ -932,6 +941,8 @@ class KvCachePool:
             for b in self._table:
                 self._release(b)
             self._radix.reset()
+            for states in self._states:
+                states.clear_snapshots()
             self._kv.release()
             self._closed = True
 

@@ -76,8 +76,8 @@ class ForwardContext:
                      qo_indptr=qo_indptr, causal=True, q_dtype=dtype, kv_dtype=pool.dtype)
         self.cos, self.sin = rope  # [B, S, 1, rotary_dim] each
         state_pools = pool.state_pools
-        self.states = StateStep(state_pools[0], pool.active_request_ids, seqlen, valid, keep_states) \
-            if state_pools else None
+        self.states = StateStep(state_pools[0], pool.active_request_ids, start, seqlen, pool.page_size, valid,
+                                keep_states) if state_pools else None
 
     @classmethod
     def prepared(cls, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
@@ -103,8 +103,11 @@ class ForwardContext:
                                 kv.value_pages(layer), k_scale=kv.k_scale, v_scale=kv.v_scale)
 
     def commit(self) -> None:
-        """Record the forward's KV as written (``KvStep.commit``); call once, after the last layer succeeded."""
+        """Record the forward's KV as written (``KvStep.commit``) and its state snapshots as whole
+        (``StateStep.commit``); call once, after the last layer succeeded."""
         self.kv.commit()
+        if self.states is not None:
+            self.states.commit()
 
 
 def _window_start(start: np.ndarray) -> int | np.ndarray:

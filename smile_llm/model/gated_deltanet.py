@@ -4,7 +4,8 @@ with their parameter names), over the per-request state of the forward's ``State
 Per layer and request the state is the short conv's last K-1 inputs (``[conv_dim, K-1]``) and the delta rule's
 memory (float32 ``[H_v, d_k, d_v]``). A forward reads the active rows' state, runs the window (``causal_conv1d_prefill``
 and ``gated_delta_rule``, which picks the step-by-step form for short windows and the chunked one for prefills), and
-writes the state after each row's last real position back. Right padding (a padded prefill batch) leaves a row's
+writes the state after each row's last real position back (and, when the state pool keeps prefix snapshots, the
+state at the last page boundary the window reaches, see ``StateStep``). Right padding (a padded prefill batch) leaves a row's
 state as it was after its last real token: the padded positions get decay ``g = 0`` and ``beta = 0`` (the delta rule
 then keeps its memory unchanged) and the conv state is taken at the row's own end.
 
@@ -24,6 +25,7 @@ from torch.nn import functional as F
 from .config import ModelConfig
 from .deltanet import causal_conv1d_prefill, gated_delta_rule, gated_rms_norm
 from .layers import PreparedModule, fuse_rows
+from .state_step import conv_state_after
 
 if TYPE_CHECKING:
     from .context import ForwardContext
@@ -77,16 +79,44 @@ class GatedDeltaNet(PreparedModule):
         if real is not None:
             beta = beta * real[..., None].to(beta.dtype)
             g = g * real[..., None]
-        rule = gated_delta_rule(q, k, v, g, beta, initial_state=recurrent_state, output_final_state=True,
-                                use_qk_l2norm_in_kernel=True, output_all_states=keep)
         new_conv = conv.final_state if real is None else states.conv_state_at_ends(conv_state, mixed)
-        assert rule.final_state is not None
-        states.write(self.linear_layer, new_conv, rule.final_state)
-        if keep:  # a verify window: the state after every position, for rewind once drafts are accepted
-            assert conv.all_states is not None and rule.all_states is not None
-            states.keep(self.linear_layer, conv.all_states, rule.all_states)
-        out = gated_rms_norm(rule.output, z, self.norm.weight, self.eps)  # [B, S, H_v, d_v]
+        if states.capture_inside:  # a prefix snapshot inside the window: run the rule up to it, then on from it
+            assert states.capture_at is not None
+            output, boundary, final = self._rule_split_at(q, k, v, g, beta, recurrent_state, states.capture_at, real)
+            states.capture(self.linear_layer, conv_state_after(conv_state, mixed, states.capture_at), boundary)
+        else:
+            rule = gated_delta_rule(q, k, v, g, beta, initial_state=recurrent_state, output_final_state=True,
+                                    use_qk_l2norm_in_kernel=True, output_all_states=keep)
+            assert rule.final_state is not None
+            output, final = rule.output, rule.final_state
+            if keep:  # a verify window: the state after every position, for rewind once drafts are accepted
+                assert conv.all_states is not None and rule.all_states is not None
+                states.keep(self.linear_layer, conv.all_states, rule.all_states)
+            states.capture(self.linear_layer, new_conv, final)  # snapshots at the window's end, if any
+        states.write(self.linear_layer, new_conv, final)
+        out = gated_rms_norm(output, z, self.norm.weight, self.eps)  # [B, S, H_v, d_v]
         return F.linear(out.reshape(b, s, self.value_dim), self.out_proj.weight)
+
+
+    @staticmethod
+    def _rule_split_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                       initial: torch.Tensor, split: torch.Tensor,
+                       real: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The gated delta rule over the window with row b's state also taken after its first ``split[b]``
+        positions: (output, state at the split, final state). Two runs over the whole window, each with the other
+        part's positions masked (``g = 0``, ``beta = 0`` keep the memory unchanged), the second starting from the
+        first's final state; each position's output comes from the run that holds it."""
+        before = torch.arange(q.shape[1], device=q.device)[None, :] < split[:, None]  # [B, S]
+        after = ~before if real is None else ~before & real
+        first = gated_delta_rule(q, k, v, g * before[..., None], beta * before[..., None].to(beta.dtype),
+                                 initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        assert first.final_state is not None
+        second = gated_delta_rule(q, k, v, g * after[..., None], beta * after[..., None].to(beta.dtype),
+                                  initial_state=first.final_state, output_final_state=True,
+                                  use_qk_l2norm_in_kernel=True)
+        assert second.final_state is not None
+        output = torch.where(before[..., None, None], first.output, second.output)
+        return output, first.final_state, second.final_state
 
 
 class _GatedNormWeight(nn.Module):

@@ -67,7 +67,7 @@ class LanguageModel:
                         mem_fraction: float | None = None, page_size: int = 16, *, max_batch_size: int = 4,
                         max_seq_len: int | None = None, cuda_graphs: bool = True,
                         draft_kv: str = "history", speculative_max_batch: int | None = None,
-                        drafter: str | Drafter | None = "mtp") -> LanguageModel:
+                        drafter: str | Drafter | None = "mtp", state_snapshots: int | None = None) -> LanguageModel:
         """Load ``config.json``, ``*.safetensors`` (sharded too) and the tokenizer from ``path``; size a KV pool
         for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's context, at most 4096).
         ``cuda_graphs``: replay decode and verify forwards from CUDA graphs on CUDA with FlashInfer (no effect
@@ -75,7 +75,10 @@ class LanguageModel:
         request's draft KV over its whole context (the default), "per_round" drafts context-free each round.
         ``drafter``: "mtp" (the MTP head, when the checkpoint has one), "ngram" (prompt lookup, any model), None or
         "none" (plain decoding), or your own ``smile_llm.model.drafters.Drafter`` (docs/speculative.md).
-        ``speculative_max_batch``: see the property of that name."""
+        ``speculative_max_batch``: see the property of that name. ``state_snapshots`` (hybrid models): prefix
+        snapshots of the DeltaNet state kept for the prefix tree (default ``2 * max_batch_size``; each costs one
+        request's state, ``StatePool.bytes_per_request``); a prefix hit needs one at the prefix's end, so 0 turns
+        prefix reuse off for the model."""
         folder = Path(path)
         config = ModelConfig.from_pretrained(folder)
         device = torch.device(device)
@@ -95,11 +98,11 @@ class LanguageModel:
         kv_layers = sum(1 for t in config.layer_types if t == FULL_ATTENTION)
         layout = KvCacheLayout(kv_layers, config.num_key_value_heads, config.head_dim, max_batch_size, seq)
         # Smile's order: the DeltaNet state pool first, so the KV pool is sized from the memory left after it
-        states = StatePool(state_specs(config, dtype), max_batch_size, device) if hybrid else None
+        snapshots = 2 * max_batch_size if state_snapshots is None else state_snapshots
+        states = StatePool(state_specs(config, dtype), max_batch_size, device, snapshots) if hybrid else None
         pool = KvCachePool.allocate(layout, device, dtype, mem_fraction or 0.85, page_size)
         if states is not None:
-            pool.attach_state(states)
-            pool.prefix_reuse_enabled = False  # a prefix hit would need the state at the prefix's end
+            pool.attach_state(states)  # a prefix hit then ends at a node with a state snapshot, restored on bind
         lm = cls(config, transformer, tokenizer, pool, select_backend(device), seq,
                  cuda_graphs=cuda_graphs and not hybrid, draft_kv=draft_kv, drafter=drafter)
         lm.speculative_max_batch = speculative_max_batch

@@ -8,6 +8,12 @@ real positions when the window is right-padded (a padded prefill batch); the sta
 A speculative verify window keeps the state after every window position (``keep_positions``): once the target has
 accepted ``kept[b]`` drafts of row b, ``rewind(kept)`` puts back the state after the row's last kept position, with
 no second forward (Smile's checkpoint replay).
+
+Prefix snapshots: when the state pool keeps them, a row whose window crosses a page boundary leaves a snapshot of
+its state at the last boundary it reaches (``StatePool.stage_snapshot``), committed with the forward (``commit``):
+the prefix tree can then serve that page-aligned prefix to a later request, state included. A plain or prefill
+window takes it from the layers (``capture``; the boundary may lie inside the window, see ``capture_at``); a verify
+window from its per-position states once the accepted length is known (``rewind``).
 """
 
 from __future__ import annotations
@@ -34,10 +40,12 @@ def state_specs(config: ModelConfig, dtype: torch.dtype) -> dict[str, StateSpec]
 
 
 class StateStep:
-    """The active rows' slots (``ids`` in step order), their valid lengths, and read/write of one layer's state."""
+    """The active rows' slots (``ids`` in step order, at positions ``start[b] + [0, S)``), their valid lengths, read
+    and write of one layer's state, and the rows' prefix snapshots at page boundaries (``page_size``)."""
 
-    def __init__(self, states: StatePool, ids: Sequence[int], seqlen: int, valid: np.ndarray | None = None,
-                 keep_positions: bool = False) -> None:
+    def __init__(self, states: StatePool, ids: Sequence[int], start: np.ndarray, seqlen: int, page_size: int,
+                 valid: np.ndarray | None = None, keep_positions: bool = False) -> None:
+        self.pool, self.ids, self.start, self.page_size = states, list(ids), start, page_size
         self.slots = states.slots(ids)
         self.conv, self.recurrent = states.buffers["conv"], states.buffers["recurrent"]
         self.valid = None if valid is None or bool((valid >= seqlen).all()) else valid
@@ -48,6 +56,34 @@ class StateStep:
             ends = torch.from_numpy(self.valid).to(self.slots.device)
             self.real = torch.arange(seqlen, device=ends.device)[None, :] < ends[:, None]
         self._kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> per-position (conv, recurrent)
+        # snapshot rows: window offsets (positions consumed) of the last page boundary each row reaches, staged slots
+        self.capture_rows: torch.Tensor | None = None
+        self.capture_at: torch.Tensor | None = None  # int64 [B]: 0 for rows taking none
+        self.capture_inside = False  # some row's boundary lies before its window's end (two masked rule runs)
+        self._capture_slots: torch.Tensor | None = None
+        if states.snapshot_capacity and not keep_positions:
+            ends = start + (np.full(len(start), seqlen) if self.valid is None else self.valid)
+            self._stage(ends)
+
+    def _stage(self, ends: np.ndarray) -> list[int]:
+        """Stage a snapshot for every row whose window reaches a page boundary (its last one), given each row's
+        end position; returns the rows staged (each with ``capture_at`` and a slot)."""
+        boundary = ends // self.page_size * self.page_size
+        rows, slots = [], []
+        for b in np.flatnonzero(boundary > self.start).tolist():
+            slot = self.pool.stage_snapshot(self.ids[b], int(boundary[b]))
+            if slot is not None:
+                rows.append(b)
+                slots.append(slot)
+        if rows:
+            device = self.slots.device
+            at = np.zeros(len(self.start), dtype=np.int64)
+            at[rows] = boundary[rows] - self.start[rows]
+            self.capture_rows = torch.tensor(rows, dtype=torch.int64, device=device)
+            self.capture_at = torch.from_numpy(at).to(device)
+            self._capture_slots = torch.tensor(slots, dtype=torch.int64, device=device)
+            self.capture_inside = bool((at[rows] < (ends - self.start)[rows]).any())
+        return rows
 
     def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``layer``'s conv state ``[B, C, K-1]`` and recurrent state float32 ``[B, H_v, d_k, d_v]`` (copies)."""
@@ -57,6 +93,21 @@ class StateStep:
         """Store ``layer``'s state after the window for every row."""
         self.conv[self.slots, layer] = conv.to(self.conv.dtype)
         self.recurrent[self.slots, layer] = recurrent.to(self.recurrent.dtype)
+
+    def capture(self, layer: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
+        """Store ``layer``'s state at each capturing row's boundary (``conv`` ``[B, C, K-1]``, ``recurrent``
+        ``[B, H_v, d_k, d_v]``, rows without a capture ignored) into the row's staged snapshot slot."""
+        if self.capture_rows is None or self._capture_slots is None:
+            return
+        snap = self.pool.snapshots.buffers
+        rows = self.capture_rows
+        snap["conv"][self._capture_slots, layer] = conv[rows].to(self.conv.dtype)
+        snap["recurrent"][self._capture_slots, layer] = recurrent[rows].to(self.recurrent.dtype)
+
+    def commit(self) -> None:
+        """The forward succeeded: its staged snapshots are whole (``StatePool.commit_snapshots``)."""
+        if self.capture_rows is not None:
+            self.pool.commit_snapshots([self.ids[b] for b in self.capture_rows.tolist()])
 
     def keep(self, layer: int, conv: torch.Tensor, recurrent: torch.Tensor) -> None:
         """Hold ``layer``'s state after every window position: conv ``[B, S, C, K-1]``, recurrent float32
@@ -70,22 +121,34 @@ class StateStep:
         if not self.keep_positions:
             raise RuntimeError("rewind needs a forward that kept its per-position states (keep_positions)")
         kept = np.asarray(kept, dtype=np.int64)
+        device = self.slots.device
         for layer, (conv, recurrent) in self._kept.items():
             last = conv.shape[1] - 1
             rows = np.flatnonzero(kept < last)
             if len(rows) == 0:
                 continue
-            r = torch.from_numpy(rows).to(self.slots.device)
-            at = torch.from_numpy(kept[rows]).to(self.slots.device)
+            r = torch.from_numpy(rows).to(device)
+            at = torch.from_numpy(kept[rows]).to(device)
             self.conv[self.slots[r], layer] = conv[r, at].to(self.conv.dtype)
             self.recurrent[self.slots[r], layer] = recurrent[r, at].to(self.recurrent.dtype)
+        if self.pool.snapshot_capacity and self._stage(self.start + kept + 1):
+            assert self.capture_at is not None and self.capture_rows is not None
+            every = torch.arange(len(self.start), device=device)
+            before = (self.capture_at - 1).clamp(min=0)  # the state after window position capture_at - 1
+            for layer, (conv, recurrent) in self._kept.items():
+                self.capture(layer, conv[every, before], recurrent[every, before])
+            self.commit()
 
     def conv_state_at_ends(self, conv_state: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
-        """The conv state after each row's last real input: the K-1 inputs ending there, from the previous state
-        ``[B, C, K-1]`` followed by the window's inputs ``mixed`` ``[B, S, C]``."""
+        """The conv state after each row's last real input (see ``conv_state_after``)."""
         assert self.valid is not None
-        window = torch.cat((conv_state.to(mixed.dtype), mixed.transpose(1, 2)), dim=2)  # [B, C, K-1+S]
-        width = conv_state.shape[2]
-        ends = torch.from_numpy(self.valid).to(window.device)
-        idx = (ends[:, None] + torch.arange(width, device=window.device))[:, None, :].expand(-1, window.shape[1], -1)
-        return window.gather(2, idx)
+        return conv_state_after(conv_state, mixed, torch.from_numpy(self.valid).to(mixed.device))
+
+
+def conv_state_after(conv_state: torch.Tensor, mixed: torch.Tensor, consumed: torch.Tensor) -> torch.Tensor:
+    """The conv state after row b consumed ``consumed[b]`` window inputs: the K-1 inputs ending there, from the
+    previous state ``[B, C, K-1]`` followed by the window's inputs ``mixed`` ``[B, S, C]``."""
+    window = torch.cat((conv_state.to(mixed.dtype), mixed.transpose(1, 2)), dim=2)  # [B, C, K-1+S]
+    width = conv_state.shape[2]
+    idx = (consumed[:, None] + torch.arange(width, device=window.device))[:, None, :].expand(-1, window.shape[1], -1)
+    return window.gather(2, idx)

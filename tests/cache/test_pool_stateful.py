@@ -44,13 +44,15 @@ class Request:
 
 class PoolMachine(RuleBasedStateMachine):
     @initialize(page_size=st.sampled_from([1, 2, 4]), num_pages=st.integers(4, 16), zero=st.booleans(),
-                state_slots=st.sampled_from([None, 1, 2, 5]))
-    def setup(self, page_size: int, num_pages: int, zero: bool, state_slots: int | None) -> None:
+                state_slots=st.sampled_from([None, 1, 2, 5]), snapshots=st.sampled_from([0, 1, 3]))
+    def setup(self, page_size: int, num_pages: int, zero: bool, state_slots: int | None, snapshots: int) -> None:
         self.ps = page_size
         self.pool = KvCachePool(2, page_size * num_pages, 1, 1, page_size, fresh_page_fill="poison",
                                 zero_rejected_kv=zero)
-        # a per-request state pool bound with every request (fewer slots than pages: binds also run out of slots)
-        self.states = None if state_slots is None else StatePool({"s": StateSpec((3,))}, state_slots)
+        # a per-request state pool bound with every request (fewer slots than pages: binds also run out of slots);
+        # its prefix snapshots decide where matches may end
+        self.states = None if state_slots is None else StatePool({"s": StateSpec((3,))}, state_slots,
+                                                                 snapshots=snapshots)
         if self.states is not None:
             self.pool.attach_state(self.states)
         self.requests: dict[int, Request] = {}
@@ -104,10 +106,11 @@ class PoolMachine(RuleBasedStateMachine):
         rid = self.pool._step.ids[0] if exclusive else result
         self.released_by_exclusive()
         self.requests[rid] = Request(seq)
-        if self.states is not None:  # a bound slot starts zeroed; mark it with the request id
-            assert torch.count_nonzero(self.states.buffers["s"][self.states.slot(rid)]) == 0
-            self.states.buffers["s"][self.states.slot(rid)] = float(rid)
         matched = self.pool.matched_prefix_len(rid)
+        if self.states is not None:  # a slot starts from the state after the matched prefix; mark it with the id
+            state = self.states.buffers["s"][self.states.slot(rid)]
+            assert (state == (value_of(seq[:matched]) if matched else 0.0)).all(), f"restored {state} at {matched}"
+            state.fill_(float(rid))
         assert matched % self.ps == 0 and matched <= max(0, len(prompt) - 1)
         assert self.pool.kv_len(rid) == matched
         event("bind matched a cached prefix" if matched else "bind missed")
@@ -124,6 +127,9 @@ class PoolMachine(RuleBasedStateMachine):
         end = min(len(prompt) + generated - 1, self.pool._table.get(rid).capacity)  # exclusive binds clamp
         if end > start:
             self.write([start], end - start)
+        aligned = end // self.ps * self.ps
+        if self.states is not None and aligned > start:  # the forward's snapshot at the last page boundary
+            self.keep_snapshot(rid, aligned)
         self.finish_one(rid, len(prompt) + generated)
 
     @rule(data=st.data())
@@ -201,6 +207,24 @@ class PoolMachine(RuleBasedStateMachine):
         del self.requests[rid]
         self.handles.pop(rid, None)
         assert not self.pool.is_bound(rid)
+
+    @precondition(lambda self: self.states is not None)
+    @rule(data=st.data())
+    def snapshot(self, data: st.DataObject) -> None:
+        """A forward's snapshot of a request's state after its written tokens (the state "value" of its prefix)."""
+        resident = self.resident()
+        if resident:
+            rid = data.draw(st.sampled_from(resident))
+            kv_len = self.pool.kv_len(rid)
+            if kv_len and kv_len % self.ps == 0:
+                self.keep_snapshot(rid, kv_len)
+
+    def keep_snapshot(self, rid: int, length: int) -> None:
+        state = self.states.buffers["s"][self.states.slot(rid)]
+        state.fill_(value_of(self.requests[rid].seq[:length]))
+        kept = self.states.snapshot(rid, length)
+        event("snapshot kept" if kept else "snapshot skipped")
+        state.fill_(float(rid))
 
     @rule(data=st.data())
     def unbind(self, data: st.DataObject) -> None:

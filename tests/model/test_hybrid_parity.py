@@ -45,14 +45,14 @@ def lm(hf):
     model.close()
 
 
-def test_loaded_as_hybrid_with_a_state_pool_and_no_prefix_reuse(lm, family):
+def test_loaded_as_hybrid_with_a_state_pool_and_state_snapshots(lm, family):
     config = lm.config
     assert config.is_hybrid and config.model_type == family
     kv_layers = sum(t == "full_attention" for t in config.layer_types)
     assert lm.pool.num_layers == kv_layers == 1  # DeltaNet layers keep no KV
     (states,) = lm.pool.state_pools
     assert states.buffers["conv"].shape[:2] == (4, 3) and states.buffers["recurrent"].dtype == torch.float32
-    assert not lm.pool.prefix_reuse_enabled  # a prefix hit would need the state at the prefix's end (not kept yet)
+    assert lm.pool.prefix_reuse_enabled and states.snapshot_capacity == 8  # hits restore state snapshots
 
 
 def test_prompt_and_step_logits_match_transformers(lm, hf):
