@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m smile_llm demo
+	$(PY) -m smile_llm demo --kind hybrid
 
 test: $(STAMP)
 	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/model smile_llm/engine java_bridge

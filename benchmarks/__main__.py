@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 SCRIPTS = ["cache_trace", "put_get_throughput", "step_bookkeeping", "reference_attention", "generate_vs_hf",
            "speculative", "shared_prefix", "chat_reuse", "memory", "java_bridge", "realistic_size",
-           "concurrent_generate", "decode_step", "java_serving"]
+           "concurrent_generate", "decode_step", "java_serving", "deltanet_ops", "hybrid_generate",
+           "hybrid_chat_ttft"]
 OUT_ARG = {"speculative", "shared_prefix", "chat_reuse"}  # scripts that save files under --out
 QUICK_ARGS = {"speculative": ["--prompts", "2", "--new", "60", "--repeats", "1", "--ks", "3", "--draft-kv", "history"]}
 

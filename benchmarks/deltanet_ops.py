@@ -70,6 +70,7 @@ def main() -> None:
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, code {code_version()}; "
           f"medians of {repeats} alternating rounds")
     print(f"{'T':>6s}  " + "  ".join(f"{name:>12s}" for name in forms) + "  recurrent/chunked")
+    ms: dict[str, float] = {}
     for seq_len in args.lengths:
         x = inputs(seq_len)
         outputs = {name: form(*x) for name, form in forms.items()}  # warm-up, and the agreement check
@@ -85,6 +86,9 @@ def main() -> None:
         ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         print(f"{seq_len:6d}  " + "  ".join(f"{ms[name]:9.1f} ms" for name in forms)
               + f"  {ms['recurrent'] / ms['chunked']:8.2f}x")
+    vs_hf = f", {ms['HF chunked'] / ms['chunked']:.2f}x transformers' chunked form" if "HF chunked" in ms else ""
+    print(f"headline: gated delta rule at T={args.lengths[-1]}: chunked {ms['recurrent'] / ms['chunked']:.2f}x the "
+          f"step-by-step form{vs_hf}")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,19 @@
 #!/usr/bin/env python
 """Hybrid models (Gated DeltaNet + gated attention; Qwen3-Next adds a sparse MoE) single stream, greedy: our
-``generate`` against ``transformers``' ``generate`` on the same weights, in the same process.
+``generate`` against ``transformers``' ``generate`` on the same weights, in the same process, and MTP speculative
+decoding against plain decoding.
 
-No trained hybrid checkpoint ships yet, so each family is a seeded random model of a realistic shape for the CPU
+First the shipped hybrid default model (``LanguageModel.default(kind="hybrid")``, trained: its MTP head's drafts are
+accepted as often as they really are) on stdlib source: ours plain, ours speculative (the MTP head, 3 drafts per
+round) and ``transformers``' ``Qwen3_5ForCausalLM``, all three greedy outputs checked identical. Then each family as
+a seeded random model of a larger shape for the CPU
 (hidden 256, 8 layers as 3 DeltaNet + 1 full attention twice, 4 query / 2 KV heads of 64 with partial rotary 0.25,
 DeltaNet 4 key heads x 32 and 8 value heads x 32, conv width 4, vocabulary 257; Qwen3-Next: 8 experts of 128, top
 2, a shared expert of 256), saved with ``save_pretrained`` and loaded by both. Each run generates ``--new`` tokens
 after a ``--prompt``-token prompt; the tokens are checked identical, the timings interleaved (medians of
 ``--repeats``). Also printed: each request's DeltaNet state bytes beside the KV bytes per token.
 
-    .venv/bin/python benchmarks/hybrid_generate.py [--new 128] [--prompt 200] [--repeats 3] [--threads 1]
+    .venv/bin/python benchmarks/hybrid_generate.py [--new 128] [--prompt 200] [--repeats 3] [--threads 1] [--quick]
 """
 
 from __future__ import annotations
@@ -72,43 +76,95 @@ def build(family: str, folder: Path, seed: int) -> Any:
     return model
 
 
+def timed(fns: dict[str, Any], repeats: int) -> dict[str, float]:
+    """Median seconds of each function, run in rotating order ``repeats`` times."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    names = list(fns)
+    for rep in range(repeats):
+        for name in names[rep % len(names):] + names[: rep % len(names)]:
+            t0 = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def hf_greedy(hf: Any, prompt: list[int], new: int) -> list[int]:
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                          do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def trained_model(args: argparse.Namespace) -> str:
+    """Ours plain, ours speculative and transformers on the shipped hybrid model; returns the headline part."""
+    import transformers
+
+    from smile_llm import LanguageModel
+    from smile_llm.model.language_model import DEFAULT_MODEL_DIRS
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from speculative import stdlib_prompts
+
+    lm = LanguageModel.default(kind="hybrid", max_seq_len=args.prompt + args.new + 16, max_batch_size=1)
+    hf = transformers.Qwen3_5ForCausalLM.from_pretrained(str(DEFAULT_MODEL_DIRS["hybrid"]),
+                                                         torch_dtype=torch.float32).eval()
+    (text,) = stdlib_prompts(1, args.prompt)
+    prompt = lm.encode(text)
+    new = args.new
+    lm.pool.prefix_reuse_enabled = False  # every run prefills the prompt: the same work as transformers
+    plain = lm.generate(prompt, new, speculative_tokens=0).tokens
+    spec = lm.generate(prompt, new)
+    theirs = hf_greedy(hf, prompt, new)
+    n = min(len(plain), len(theirs))
+    assert plain == spec.tokens and plain[:n] == theirs[:n], "greedy tokens differ (plain, speculative, transformers)"
+    ms = timed({"plain": lambda: lm.generate(prompt, new, speculative_tokens=0),
+                "speculative": lambda: lm.generate(prompt, new),
+                "transformers": lambda: hf_greedy(hf, prompt, new)}, args.repeats)
+    st = spec.stats
+    print(f"hybrid default model ({lm.config.num_hidden_layers} layers, "
+          f"{sum(t == 'full_attention' for t in lm.config.layer_types)} full attention), {len(prompt)}-token stdlib "
+          f"prompt, {len(plain)} new tokens")
+    for name, t in ms.items():
+        print(f"  {name:12s} {t * 1e3:8.1f} ms  ({len(plain) / t:6.1f} tok/s)")
+    print(f"  speculative: {st['mean_accepted_length']:.2f} tokens per round, {st['target_forwards_per_token']:.2f} "
+          f"target forwards per token; identical tokens in all three")
+    lm.close()
+    return (f"hybrid default model: plain {ms['transformers'] / ms['plain']:.2f}x transformers, MTP speculative "
+            f"{ms['plain'] / ms['speculative']:.2f}x plain ({st['mean_accepted_length']:.2f} tokens/round)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--prompt", type=int, default=200)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="32 new tokens after 100, 1 repeat")
     args = p.parse_args()
+    if args.quick:
+        args.new, args.prompt, args.repeats = 32, 100, 1
     torch.set_num_threads(args.threads)
     from smile_llm import LanguageModel
 
     print(f"hybrid_generate: smile_llm {code_version()}, torch {torch.__version__}, {torch.get_num_threads()} "
           f"threads; greedy, {args.new} new tokens after {args.prompt} prompt tokens, medians of {args.repeats}\n")
+    headline = trained_model(args)
     prompt = [(37 * i + 11) % 256 for i in range(args.prompt)]
+    ratios = []
+    print("\nseeded random models, hidden 256, 8 layers")
     for family in ("qwen3_5", "qwen3_next"):
         with tempfile.TemporaryDirectory() as tmp:
             hf = build(family, Path(tmp), 1234)
             lm = LanguageModel.from_pretrained(tmp, max_seq_len=args.prompt + args.new + 16, max_batch_size=1,
                                                drafter=None)
-            ids = torch.tensor([prompt])
-
-            def ours() -> list[int]:
-                return lm.generate(prompt, args.new).tokens
-
-            def theirs() -> list[int]:
-                with torch.no_grad():
-                    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new,
-                                      min_new_tokens=args.new, do_sample=False, pad_token_id=0)
-                return out[0, len(prompt):].tolist()
-
-            assert ours() == theirs(), f"{family}: greedy tokens differ from transformers"  # also the warm-up
-            times: dict[str, list[float]] = {"ours": [], "hf": []}
-            for rep in range(args.repeats):
-                for name in (("ours", "hf") if rep % 2 == 0 else ("hf", "ours")):
-                    t0 = time.perf_counter()
-                    (ours if name == "ours" else theirs)()
-                    times[name].append(time.perf_counter() - t0)
-            o, h = statistics.median(times["ours"]), statistics.median(times["hf"])
+            lm.pool.prefix_reuse_enabled = False
+            ours = lm.generate(prompt, args.new).tokens  # also the warm-up
+            assert ours == hf_greedy(hf, prompt, args.new), f"{family}: greedy tokens differ from transformers"
+            ms = timed({"ours": lambda: lm.generate(prompt, args.new),
+                        "hf": lambda: hf_greedy(hf, prompt, args.new)}, args.repeats)
+            o, h = ms["ours"], ms["hf"]
+            ratios.append(f"{family} {h / o:.2f}x")
             (states,) = lm.pool.state_pools
             kv_bytes = 2 * lm.pool.num_layers * lm.pool.num_kv_heads * lm.pool.head_dim * 4
             print(f"{family:10s} ours {o * 1e3:7.1f} ms ({args.new / o:6.1f} tok/s)   transformers {h * 1e3:7.1f} ms "
@@ -117,6 +173,7 @@ def main() -> None:
                   f"{kv_bytes:,} bytes per token ({lm.pool.num_layers} of {lm.config.num_hidden_layers} layers "
                   f"keep KV)")
             lm.close()
+    print(f"headline: {headline}; random hidden-256 models vs transformers: {', '.join(ratios)}")
 
 
 if __name__ == "__main__":

@@ -17,10 +17,11 @@ class _Printer:
         sys.stdout.flush()
 
 
-def _load(model: str | None) -> Any:
+def _load(model: str | None, kind: str = "dense") -> Any:
+    """``--model DIR`` if given, else the shipped model of ``--kind`` (dense or hybrid)."""
     from .model import LanguageModel
 
-    return LanguageModel.default() if model is None else LanguageModel.from_pretrained(model)
+    return LanguageModel.default(kind=kind) if model is None else LanguageModel.from_pretrained(model)
 
 
 def _print_stats(completion: Any) -> None:
@@ -36,7 +37,7 @@ def _print_stats(completion: Any) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     """``smile-llm generate``: stream a completion of ``--prompt`` (``\\n`` and ``\\t`` escapes expanded) to stdout and
     print its finish reason and stats. Returns the exit code: 0, or 2 with the message on stderr for bad input."""
-    lm = _load(args.model)
+    lm = _load(args.model, args.kind)
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")  # the shell passes \n literally
     try:
         completion = lm.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -49,8 +50,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """generate() on the embedded model twice with a shared prefix: the second call reuses the cached KV."""
-    lm = _load(args.model)
+    """generate() on the embedded model twice with a shared prefix: the second call reuses the cached KV (and, on the
+    hybrid model, the DeltaNet state snapshot at the shared prefix)."""
+    lm = _load(args.model, args.kind)
     print(f"model: {lm.config.model_type}, {lm.config.num_hidden_layers} layers, hidden {lm.config.hidden_size}, "
           f"vocab {lm.config.vocab_size}; KV pool {lm.pool.num_slots} slots, page {lm.pool.page_size}\n")
     prompt = "import os\nimport sys\n\n\ndef main(argv):\n    "
@@ -62,8 +64,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _print_stats(completion)
         lm.pool.check_invariants()
     stats = lm.pool.stats()
+    snapshots = (f", {stats['state_snapshots']} DeltaNet state snapshots held" if "state_snapshots" in stats else "")
     print(f"\nprefix cache: {stats['prefix_match_tokens']} of {stats['prefix_prompt_tokens']} prompt tokens reused, "
-          f"{stats['cached_tokens']} tokens cached; invariants hold")
+          f"{stats['cached_tokens']} tokens cached{snapshots}; invariants hold")
     return 0
 
 
@@ -102,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = sub.add_parser("generate", help="generate text (the embedded default model unless --model)")
     gen.add_argument("--prompt", required=True, help="prompt text (\\n escapes allowed)")
     gen.add_argument("--model", help="a Hugging Face model folder (config.json, *.safetensors, tokenizer)")
+    gen.add_argument("--kind", choices=("dense", "hybrid"), default="dense", help="which shipped model, without --model")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -111,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.set_defaults(run=cmd_generate)
     demo = sub.add_parser("demo", help="generate() twice on the default model, the second reusing the prefix")
     demo.add_argument("--model")
+    demo.add_argument("--kind", choices=("dense", "hybrid"), default="dense", help="which shipped model, without --model")
     demo.add_argument("--max-new-tokens", type=int, default=120)
     demo.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (a tiny model loops greedily)")
     demo.add_argument("--seed", type=int, default=2)

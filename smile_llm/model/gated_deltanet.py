@@ -103,19 +103,27 @@ class GatedDeltaNet(PreparedModule):
                        initial: torch.Tensor, split: torch.Tensor,
                        real: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The gated delta rule over the window with row b's state also taken after its first ``split[b]``
-        positions: (output, state at the split, final state). Two runs over the whole window, each with the other
-        part's positions masked (``g = 0``, ``beta = 0`` keep the memory unchanged), the second starting from the
-        first's final state; each position's output comes from the run that holds it."""
+        positions: (output, state at the split, final state). Two runs: the first over positions ``[0, max split)``
+        with each row's positions from its split on masked, the second from the first's final state over ``[min
+        split, S)`` with each row's positions before its split masked (``g = 0``, ``beta = 0`` keep the memory
+        unchanged). A single row (or rows split alike) computes each position once; each position's output comes
+        from the run that holds it."""
+        lo, hi = int(split.min()), int(split.max())
         before = torch.arange(q.shape[1], device=q.device)[None, :] < split[:, None]  # [B, S]
         after = ~before if real is None else ~before & real
-        first = gated_delta_rule(q, k, v, g * before[..., None], beta * before[..., None].to(beta.dtype),
-                                 initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True)
-        assert first.final_state is not None
-        second = gated_delta_rule(q, k, v, g * after[..., None], beta * after[..., None].to(beta.dtype),
-                                  initial_state=first.final_state, output_final_state=True,
-                                  use_qk_l2norm_in_kernel=True)
-        assert second.final_state is not None
-        output = torch.where(before[..., None, None], first.output, second.output)
+
+        def masked(mask: torch.Tensor, a: int,
+                   b: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+            m = mask[:, a:b, None]
+            return q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b] * m, beta[:, a:b] * m.to(beta.dtype)
+
+        first = gated_delta_rule(*masked(before, 0, hi), initial_state=initial, output_final_state=True,
+                                 use_qk_l2norm_in_kernel=True)
+        second = gated_delta_rule(*masked(after, lo, q.shape[1]), initial_state=first.final_state,
+                                  output_final_state=True, use_qk_l2norm_in_kernel=True)
+        assert first.final_state is not None and second.final_state is not None
+        overlap = torch.where(before[:, lo:hi, None, None], first.output[:, lo:hi], second.output[:, : hi - lo])
+        output = torch.cat((first.output[:, :lo], overlap, second.output[:, hi - lo :]), dim=1)
         return output, first.final_state, second.final_state
 
 

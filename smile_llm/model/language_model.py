@@ -38,6 +38,7 @@ from .weights import checkpoint_shapes, load_into, read_checkpoint
 __all__ = ["Completion", "GenerationCancelled", "LanguageModel"]
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default"
+DEFAULT_MODEL_DIRS = {"dense": DEFAULT_MODEL_DIR, "hybrid": Path(__file__).parent / "default_hybrid"}
 
 
 class LanguageModel:
@@ -124,9 +125,13 @@ class LanguageModel:
         self.decoder.speculative_max_batch = value
 
     @classmethod
-    def default(cls, **kwargs: Any) -> LanguageModel:
-        """The small byte-level Qwen3-architecture model shipped in the package (see its README.md)."""
-        return cls.from_pretrained(DEFAULT_MODEL_DIR, **kwargs)
+    def default(cls, kind: str = "dense", **kwargs: Any) -> LanguageModel:
+        """A small byte-level model shipped in the package (see each folder's README.md): ``kind="dense"`` the
+        Qwen3-architecture model, ``kind="hybrid"`` the hybrid Qwen3.5 one (Gated DeltaNet + gated attention);
+        both have an MTP head. ``kwargs`` go to ``from_pretrained``. ValueError for another kind."""
+        if kind not in DEFAULT_MODEL_DIRS:
+            raise ValueError(f"kind must be one of {sorted(DEFAULT_MODEL_DIRS)}, got {kind!r}")
+        return cls.from_pretrained(DEFAULT_MODEL_DIRS[kind], **kwargs)
 
     # ------------------------------------------------------------------ input checks
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
