@@ -175,14 +175,20 @@ class Scheduler:
 
     def shares_a_prefill(self, job: Job) -> bool:
         """Whether ``job``'s prompt shares at least SHARE_MIN_TOKENS positions beyond its matched prefix with a
-        running job still prefilling (positions that job computes and will cache)."""
-        if not self.model.pool.prefix_reuse_enabled:
+        running job still prefilling (positions that job computes and will cache). On a pool with per-request state
+        (a hybrid model) a match can only end where the other prompt's state snapshot will be, at the last page
+        boundary of that prompt, so the job waits only when it shares that much."""
+        pool = self.model.pool
+        if not pool.prefix_reuse_enabled:
             return False
         prompt = np.asarray(job.handle.request.prompt)
         for other in self.running:
             seq = other.seq
             if seq is not None and seq.prefilled < len(seq.prompt):
                 shared = common_prefix_len(prompt, np.asarray(seq.prompt))
+                if pool.state_pools:  # reusable only up to the other prompt's snapshot
+                    end = len(seq.prompt) // pool.page_size * pool.page_size
+                    shared = end if shared >= end and len(prompt) > end else 0
                 if shared >= seq.matched + SHARE_MIN_TOKENS:
                     return True
         return False

@@ -147,3 +147,69 @@ def test_a_small_snapshot_store_evicts_and_misses_but_never_errs(hf):
         lm.pool.check_invariants()
     finally:
         lm.close()
+
+
+def test_the_split_rule_equals_per_row_runs_for_a_padded_batch_with_different_splits():
+    """``_rule_split_at`` on a right-padded batch whose rows split at 0, inside and at their end: every output, the
+    state at each split and the final state equal separate runs over each row's own real positions."""
+    from smile_llm.model.deltanet import recurrent_gated_delta_rule
+    from smile_llm.model.gated_deltanet import GatedDeltaNet
+
+    g_ = torch.Generator().manual_seed(7)
+    b, s, hk, hv, dk, dv = 3, 40, 2, 4, 8, 8
+    q, k = torch.randn(b, s, hk, dk, generator=g_), torch.randn(b, s, hk, dk, generator=g_)
+    v = torch.randn(b, s, hv, dv, generator=g_)
+    g = -torch.rand(b, s, hv, generator=g_)
+    beta = torch.rand(b, s, hv, generator=g_)
+    init = torch.randn(b, hv, dk, dv, generator=g_)
+    valid = np.array([40, 30, 25])
+    split = np.array([0, 13, 25])
+    real = torch.arange(s)[None, :] < torch.from_numpy(valid)[:, None]
+    out, at_split, final = GatedDeltaNet._rule_split_at(q, k, v, g * real[..., None], beta * real[..., None], init,
+                                                        torch.from_numpy(split), real)
+
+    def run(row: int, lo: int, hi: int, state: torch.Tensor):
+        r = recurrent_gated_delta_rule(q[row:row + 1, lo:hi], k[row:row + 1, lo:hi], v[row:row + 1, lo:hi],
+                                       g[row:row + 1, lo:hi], beta[row:row + 1, lo:hi], state[None],
+                                       output_final_state=True, use_qk_l2norm_in_kernel=True)
+        return r.output[0], r.final_state[0]
+
+    for row in range(b):
+        first_out, mid = run(row, 0, int(split[row]), init[row])
+        second_out, end = run(row, int(split[row]), int(valid[row]), mid)
+        want = torch.cat([first_out, second_out])
+        assert (out[row, : valid[row]] - want).abs().max().item() < 1e-5, row
+        assert (at_split[row] - mid).abs().max().item() < 1e-5 and (final[row] - end).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("kept", [0, 1, 2, 3])
+def test_a_snapshot_taken_from_an_accepted_verify_window_is_the_state_at_its_boundary(hot, cold, kept):
+    """A 13-token prompt (snapshot at 12), then a verify window at positions 13..16 keeping ``kept`` drafts: the row
+    consumed 14 + kept tokens, so its snapshot moves to 16 when that boundary lies in the accepted part (kept >= 2)
+    and stays at 12 otherwise. Finishing inserts up to that boundary; a longer prompt then hits it with the logits
+    of a full recompute."""
+    pool = hot.pool
+    (states,) = pool.state_pools
+    seq = [(19 * i + 4 + 50 * kept) % 256 for i in range(24)]  # a prompt of its own per case (the pool is shared)
+    rid = pool.bind_request(seq[:13], 40)
+    assert pool.matched_prefix_len(rid) == 0
+    forward(hot, rid, seq[:13], 0)
+    assert states.snapshots.pending_length(rid) == 12
+    pool.activate_step(rid)
+    out = hot.transformer(torch.tensor([seq[13:17]]), np.array([13]), pool, hot.backend, keep_states=True)
+    pool.truncate_to(np.array([14 + kept]), np.array([17]))
+    out.states.rewind(np.array([kept]))
+    boundary = floor_page(14 + kept)
+    assert boundary == (16 if kept >= 2 else 12)
+    assert states.snapshots.pending_length(rid) == boundary
+    pool.finish_request(rid, seq[: 14 + kept + 1])  # the last token's KV is not written
+    longer = seq[:boundary] + [7, 7, 7]
+    hit_id = pool.bind_request(longer, 40)
+    assert pool.matched_prefix_len(hit_id) == boundary
+    hit = forward(hot, hit_id, longer[boundary:], boundary)
+    pool.unbind_request(hit_id)
+    crid = cold.pool.bind_request(longer, 40)
+    full = forward(cold, crid, longer, 0)
+    cold.pool.unbind_request(crid)
+    assert (hit - full).abs().max().item() < TIGHT
+    pool.check_invariants()
