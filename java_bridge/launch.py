@@ -38,6 +38,9 @@ def parse(argv: list[str], prog: str = "python -m java_bridge") -> argparse.Name
     p.add_argument("--speculative-max-batch", type=int, default=None, metavar="N",
                    help="decode plainly in steps of more than N requests (speculation costs throughput at large "
                         "batches on small CPUs; default: no limit)")
+    p.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                   help="split the model over N ranks (run under torchrun --nproc-per-node N): rank 0 runs the JVM, "
+                        "the other ranks follow it")
     p.add_argument("--jvm-arg", action="append", default=[], help="a JVM option, e.g. -Xmx4g (repeatable)")
     p.add_argument("--torch-threads", type=int, default=1,
                    help="torch intra-op threads (default 1: more contend with the JVM's threads on small CPUs)")
@@ -58,13 +61,17 @@ def run(argv: list[str], prog: str = "python -m java_bridge") -> int:
     if not args.no_model:
         from smile_llm import LanguageModel
 
-        options = {"device": args.device, "drafter": args.drafter, "speculative_max_batch": args.speculative_max_batch}
+        options = {"device": args.device, "drafter": args.drafter, "speculative_max_batch": args.speculative_max_batch,
+                   "tensor_parallel": args.tensor_parallel}
         try:
             model = LanguageModel.default(**options) if args.model is None else \
                 LanguageModel.from_pretrained(args.model, **options)
         except (ValueError, OSError) as exc:  # a bad option or model folder: say so, no traceback
             print(f"java_bridge: cannot load the model: {exc}", file=sys.stderr)
             return 2
+        if model.is_follower:  # a rank > 0: no JVM here, it replays rank 0's plan until rank 0's model closes
+            model.follow()
+            return 0
 
     from .jvm import start_jvm
 

@@ -17,11 +17,14 @@ class _Printer:
         sys.stdout.flush()
 
 
-def _load(model: str | None, kind: str = "dense") -> Any:
-    """``--model DIR`` if given, else the shipped model of ``--kind`` (dense or hybrid)."""
+def _load(model: str | None, kind: str = "dense", tensor_parallel: int = 1) -> Any:
+    """``--model DIR`` if given, else the shipped model of ``--kind`` (dense or hybrid), split over
+    ``tensor_parallel`` ranks (under torchrun)."""
     from .model import LanguageModel
 
-    return LanguageModel.default(kind=kind) if model is None else LanguageModel.from_pretrained(model)
+    if model is None:
+        return LanguageModel.default(kind=kind, tensor_parallel=tensor_parallel)
+    return LanguageModel.from_pretrained(model, tensor_parallel=tensor_parallel)
 
 
 def _print_stats(completion: Any) -> None:
@@ -37,7 +40,14 @@ def _print_stats(completion: Any) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     """``smile-llm generate``: stream a completion of ``--prompt`` (``\\n`` and ``\\t`` escapes expanded) to stdout and
     print its finish reason and stats. Returns the exit code: 0, or 2 with the message on stderr for bad input."""
-    lm = _load(args.model, args.kind)
+    try:
+        lm = _load(args.model, args.kind, args.tensor_parallel)
+    except ValueError as exc:
+        print(f"smile-llm generate: {exc}", file=sys.stderr)
+        return 2
+    if lm.is_follower:  # a rank > 0 under torchrun: replay rank 0's plan, print nothing
+        lm.follow()
+        return 0
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")  # the shell passes \n literally
     try:
         completion = lm.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
@@ -45,6 +55,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"smile-llm generate: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if lm.tp.size > 1:
+            lm.close()  # the other ranks stop following
     _print_stats(completion)
     return 0
 
@@ -106,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--prompt", required=True, help="prompt text (\\n escapes allowed)")
     gen.add_argument("--model", help="a Hugging Face model folder (config.json, *.safetensors, tokenizer)")
     gen.add_argument("--kind", choices=("dense", "hybrid"), default="dense", help="which shipped model, without --model")
+    gen.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                     help="split the model over N ranks: run under torchrun --nproc-per-node N")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)

@@ -1,4 +1,4 @@
-"""Whole-pool audits: ``check_invariants`` and ``stats``. They read the pool's parts and change nothing.
+"""Whole-pool audits: ``check_invariants``, ``stats`` and ``digest``. They read the pool's parts and change nothing.
 
 Invariants checked (the first broken one raises KvCacheCorruptionError naming the page or node):
 1. every page is claimed exactly once: by the free list, a live tree node, one binding's private pages, a caller
@@ -187,3 +187,34 @@ def stats(pool: KvCachePool) -> dict[str, Any]:
         **({"state_snapshots": sum(s.snapshots.cached_count for s in pool.state_pools),
             "state_snapshot_capacity": sum(s.snapshot_capacity for s in pool.state_pools)} if pool.state_pools else {}),
     }
+
+
+def digest(pool: KvCachePool) -> str:
+    """``KvCachePool.state_digest``: sha256 over the pool's decisions (see there). Changes nothing."""
+    import hashlib
+
+    h = hashlib.sha256()
+
+    def put(*parts: Any) -> None:
+        for part in parts:
+            h.update(np.asarray(part, dtype=np.int64).tobytes() if not isinstance(part, bytes) else part)
+            h.update(b"|")
+
+    pages, table = pool._pages, pool._table
+    put(pages.free_list(), pages.owner.astype(np.int64), pages.holder)
+    for b in table:
+        put([b.request_id, b.capacity, b.matched_len, table.kv_len_of(b), int(b.offload is not None),
+             int(b.exclusive)], b.page_ids, b.prefix_tokens)
+    nodes = sorted(pool._radix.nodes(), key=lambda n: (n.key.tobytes(), len(n.key)))
+    for n in nodes:
+        assert n.value is not None
+        depth = 0
+        p = n.parent
+        while p is not None and p is not pool._radix.root:
+            depth += len(p.key)
+            p = p.parent
+        put([depth, n.lock_ref], n.key, n.value)
+    put(list(pool._step.ids) if pool._step is not None else [])
+    for states in pool.state_pools:
+        put(sorted(states.bound_ids), [states.slot(r) for r in sorted(states.bound_ids)])
+    return h.hexdigest()

@@ -50,6 +50,21 @@ def _locked(method: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _journaled(method: F) -> F:
+    """A state-changing verb: once it has returned (a verb that raises changes nothing, so it is not recorded), the
+    pool's journal, if any, receives ``(name, args, kwargs)`` (``KvCachePool.record_calls``). Inside ``_locked``, so
+    calls are recorded in the order they took effect."""
+
+    @functools.wraps(method)
+    def wrapper(self: KvCachePool, *args: Any, **kwargs: Any) -> Any:
+        result = method(self, *args, **kwargs)
+        if self._journal is not None:
+            self._journal(method.__name__, args, kwargs)
+        return result
+
+    return wrapper  # type: ignore[return-value]
+
+
 def _state(getter: Callable[[Any], Any], setter: Callable[[Any, Any], None] | None = None,
            doc: str | None = None) -> property:
     """A pool property read (and optionally written) under the lock; PoolClosedError after close()."""
@@ -124,6 +139,7 @@ class KvCachePool:
         self._lock = threading.RLock()
         self._closed = False
         self._states: list[StatePool] = []  # per-request state beside the KV (attach_state), bound with each request
+        self._journal: Callable[[str, tuple[Any, ...], dict[str, Any]], None] | None = None  # record_calls
         self._binder = Binder(self._pages, self._radix, self._table, self._kv, fresh_page_fill, self._states)
         self._decode = DecodeGraphBuffers(self._device)
         self._verify = VerifyGraphBuffers(self._page_size, self._device)
@@ -162,7 +178,7 @@ class KvCachePool:
     active_request_ids = _state(lambda self: self._step.ids if self._step is not None else (),
                                 doc="Ids of the active step's rows, in order (empty without one).")
     prefix_reuse_enabled = _state(lambda self: self._binder.prefix_reuse,
-                                  lambda self, on: setattr(self._binder, "prefix_reuse", bool(on)),
+                                  lambda self, on: self.set_prefix_reuse(on),
                                   doc="Match prompts against the tree on bind and insert on finish.")
     zero_rejected_kv = _state(lambda self: self._zero_rejected_kv,
                               lambda self, on: setattr(self, "_zero_rejected_kv", bool(on)),
@@ -253,6 +269,7 @@ class KvCachePool:
 
     # ------------------------------------------------------------------ binding verbs (API.md 3.1)
     @_locked
+    @_journaled
     def bind_request(self, prompt_tokens: Any, total_capacity: int) -> int:
         """Bind one request for continuous batching; returns its id (positive, never reused).
 
@@ -280,6 +297,7 @@ class KvCachePool:
         return b.request_id
 
     @_locked
+    @_journaled
     def bind_with_prefix(self, prompt_tokens: Any, total_capacity: int) -> int:
         """Exclusive batch-1 binding (``generate()``): releases every other binding, clamps the capacity to the
         free plus evictable pages (read ``request_capacity``), binds, activates; returns the matched prefix length.
@@ -303,6 +321,7 @@ class KvCachePool:
         return matched
 
     @_locked
+    @_journaled
     def bind_requests(self, batch_size: int, capacity: int) -> list[int]:
         """Exclusive batch of ``batch_size`` rows without prefix reuse, each clamped to the same page-aligned
         capacity that fits; activates them. Raises KvCacheExhaustedError, releasing nothing, if a row cannot get
@@ -324,6 +343,7 @@ class KvCachePool:
         return [b.request_id for b in rows]
 
     @_locked
+    @_journaled
     def finish_request(self, request_id: int, sequence_tokens: Any) -> None:
         """Insert the request's written, page-aligned prefix ``sequence_tokens[:floor_page(min(len, kv_len))]``
         into the tree, free duplicates and unused headroom, unlock, unbind. ``sequence_tokens=None`` (or reuse off,
@@ -343,6 +363,7 @@ class KvCachePool:
         self._release(b, seq)
 
     @_locked
+    @_journaled
     def cache_prefix(self, request_id: int, sequence_tokens: Any) -> int:
         """Insert the request's written, page-aligned prefix ``sequence_tokens[:floor_page(min(len, kv_len))]``
         into the tree now, keeping the request bound (SGLang's ``cache_unfinished_req``): a request bound next can
@@ -364,6 +385,7 @@ class KvCachePool:
         return added
 
     @_locked
+    @_journaled
     def finish_exclusive(self, sequence_tokens: Any) -> None:
         """Java ``finishRequest(int[])``: with one binding, ``finish_request`` on it; with none, nothing; with
         several, release all without inserting."""
@@ -375,6 +397,7 @@ class KvCachePool:
                 self._release(b)
 
     @_locked
+    @_journaled
     def unbind_request(self, request_id: int) -> None:
         """Instant eviction: free the request's private pages, unlock its prefix, insert nothing. Unknown ids do
         nothing."""
@@ -383,6 +406,7 @@ class KvCachePool:
             self._release(b)
 
     @_locked
+    @_journaled
     def unbind_requests(self) -> None:
         """Release every binding without inserting."""
         for b in self._table:
@@ -406,6 +430,7 @@ class KvCachePool:
         return self._table.kv_len_of(self._binding(request_id))
 
     @_locked
+    @_journaled
     def activate_step(self, *request_ids: int) -> None:
         """Select the batch (in order) that put/get/metadata/seal act on. The same cohort keeps the step's cached
         state. Raises ValueError on no, unknown or duplicate ids and RequestOffloadedError on an offloaded one,
@@ -555,6 +580,7 @@ class KvCachePool:
         return self._kv.value_cache[self._check_layer(layer)]
 
     @_locked
+    @_journaled
     def set_kv_scales(self, k_scale: float, v_scale: float) -> None:
         """Set the fixed FP8 scales. Only while nothing is stored (no bindings, empty tree, no caller pages):
         RuntimeError otherwise, since stored values would be reinterpreted. ValueError for scales other than 1.0
@@ -582,6 +608,7 @@ class KvCachePool:
         return step.csr.get(step.page_table32, step.lengths(lengths, "lengths"))[0]
 
     @_locked
+    @_journaled
     def clear_step_metadata(self) -> None:
         """Forget the step CSR (the next shared_flashinfer_metadata rebuilds it)."""
         if self._step is not None:
@@ -595,6 +622,7 @@ class KvCachePool:
     # ------------------------------------------------------------------ speculative seal and truncate (API.md 3.4)
     # (the region table of a row after a verify window is in smile_llm/cache/step.py, above ActiveStep.seal)
     @_locked
+    @_journaled
     def seal_length(self, sealed_len: Any) -> bool:
         """Attention sees only ``[0, sealed_len)`` of each active row from now on (an int or one per row); frees
         nothing and lowers ``kv_len`` to at most ``sealed_len`` (never below the matched prefix). True when the step
@@ -604,6 +632,7 @@ class KvCachePool:
         return step.seal(self._table.kv_len, step.lengths(sealed_len, "sealed_len"))
 
     @_locked
+    @_journaled
     def truncate_to(self, sealed_len: Any, written_end: Any) -> bool:
         """After a verify window wrote up to ``written_end``, seal to ``sealed_len``; with ``zero_rejected_kv``
         zero ``[sealed_len, written_end)`` first. ValueError if ``written_end < sealed_len``, if it exceeds a row's
@@ -612,6 +641,7 @@ class KvCachePool:
                                              self._zero_rejected_kv)
 
     @_locked
+    @_journaled
     def invalidate_range(self, from_pos: Any, end_pos: Any) -> None:
         """Zero K and V of positions ``[from_pos, end_pos)`` (ints or one per row) on every layer of the active
         rows, always through fresh indices (never the graph buffers); lowers ``kv_len`` to at most ``from_pos``.
@@ -780,6 +810,7 @@ class KvCachePool:
 
     # ------------------------------------------------------------------ caller-owned pages
     @_locked
+    @_journaled
     def alloc(self, num_tokens: int) -> np.ndarray:
         """Page-aligned slot ids (``ceil_page(num_tokens)`` of them) owned by the caller, evicting from the tree
         if needed. Raises KvCacheExhaustedError, changing nothing, if still short."""
@@ -790,6 +821,7 @@ class KvCachePool:
         return self._binder.alloc(n)
 
     @_locked
+    @_journaled
     def free(self, slots: Any) -> None:
         """Return caller-owned whole pages, given as their slots in order. Raises ValueError, freeing nothing,
         for a partial page, a slot out of range, a page listed twice, or a page that is free, tree-owned or
@@ -800,10 +832,34 @@ class KvCachePool:
         self._binder.free(self._binder.caller_pages_of(arr))
 
     @_locked
+    @_journaled
     def evict(self, num_tokens: int) -> int:
         """Evict at least ``num_tokens`` unlocked cached tokens (LRU, whole nodes) unless the tree runs out;
         their pages return to the free list. Returns the tokens evicted."""
         return self._binder.evict(as_int(num_tokens, "num_tokens", minimum=0))
+
+    # ------------------------------------------------------------------ replicas (tensor parallelism)
+    @_locked
+    def record_calls(self, journal: Callable[[str, tuple[Any, ...], dict[str, Any]], None] | None) -> None:
+        """From now on call ``journal(name, args, kwargs)`` after every state-changing verb that succeeded (binds,
+        finishes, unbinds, ``activate_step``, seal/truncate/invalidate, caller pages, evict, offload/restore, grow,
+        scales, ``prefix_reuse_enabled``), in the order they took effect, under the lock: a replica pool that replays
+        the same calls makes the same decisions (``smile_llm.distributed.lockstep``). K/V writes are not recorded
+        (each replica's forward writes its own heads). None stops recording."""
+        self._journal = journal
+
+    @_locked
+    @_journaled
+    def set_prefix_reuse(self, on: bool) -> None:
+        """Set ``prefix_reuse_enabled`` (match prompts on bind, insert on finish)."""
+        self._binder.prefix_reuse = bool(on)
+
+    @_locked
+    def state_digest(self) -> str:
+        """A hex digest of every decision the pool has made: bindings (ids, pages, lengths, matched prefix, offload),
+        the free list in order, page owners, the prefix tree's tokens, slots and locks, the active step's ids and the
+        state pools' slots. Two replicas that replayed the same calls have the same digest."""
+        return audit.digest(self)
 
     # ------------------------------------------------------------------ per-request state beside the KV
     @_locked
@@ -832,6 +888,7 @@ class KvCachePool:
 
     # ------------------------------------------------------------------ offload and restore (API.md 3.6)
     @_locked
+    @_journaled
     def offload_request(self, request_id: int) -> OffloadedKv:
         """Move a bound request's private KV to host memory and free its pages. It stays bound (prefix locked)
         but cannot be activated until ``restore_request``. Pages past its ``kv_len`` are not saved."""
@@ -846,6 +903,7 @@ class KvCachePool:
         return handle
 
     @_locked
+    @_journaled
     def restore_request(self, request_id: int, handle: OffloadedKv) -> None:
         """Bring an offloaded request's KV back, byte-identical, into whatever pages are free (evicting unlocked
         tree pages as needed). Raises KvCacheExhaustedError, changing nothing, if the pages do not fit."""
@@ -875,6 +933,7 @@ class KvCachePool:
         return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
 
     @_locked
+    @_journaled
     def grow_request(self, request_id: int, total_capacity: int) -> int:
         """Raise a bound, resident request's capacity to ``total_capacity`` (page-aligned up) by appending private
         pages, evicting unlocked tree pages only as far as needed (on-demand growth for continuous batching, so

@@ -13,6 +13,7 @@ import torch
 
 from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool, KvStep
+from ..distributed.group import TensorParallel
 from .state_step import StateStep
 
 
@@ -54,15 +55,18 @@ class ForwardContext:
     tables, the step CSR, the forward's KV write handle (``kv``, one ``KvCachePool.kv_step``) and, for a hybrid
     model, ``states``: the active rows' DeltaNet state (a ``StateStep`` over the pool's attached ``StatePool``;
     None without one). ``valid`` gives each row's real positions in a right-padded window; ``keep_states`` keeps
-    the state after every window position (a verify window, see ``StateStep.rewind``). Created for one forward;
+    the state after every window position (a verify window, see ``StateStep.rewind``); ``tp`` the tensor-parallel group
+whose ranks' partial outputs ``reduce`` sums (None: one rank). Created for one forward;
     ``commit`` once the forward has succeeded records its KV as written (a forward that raises never commits, so
     ``kv_len`` never covers KV it did not compute; DeltaNet state is written layer by layer, and a forward that
     raises fails its rows, whose state is then released with them)."""
 
     def __init__(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
                  rope: tuple[torch.Tensor, torch.Tensor], num_heads: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, valid: np.ndarray | None = None, keep_states: bool = False) -> None:
+                 dtype: torch.dtype, valid: np.ndarray | None = None, keep_states: bool = False,
+                 tp: TensorParallel | None = None) -> None:
         self.pool = pool
+        self.tp = tp
         self.backend = backend
         self.start = start  # int64[B]
         self.batch, self.seqlen = len(start), seqlen
@@ -87,12 +91,18 @@ class ForwardContext:
         graph. Builds no CSR and plans nothing."""
         ctx = cls.__new__(cls)
         ctx.pool, ctx.backend, ctx.start = pool, backend, start
+        ctx.tp = None  # graph replays serve one rank
         ctx.batch, ctx.seqlen = len(start), seqlen
         ctx.head_dim = head_dim
         ctx.kv = pool.kv_step(_window_start(start), seqlen, index=write_index)
         ctx.cos, ctx.sin = cos, sin
         ctx.states = None  # graph replays serve dense models only
         return ctx
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over the tensor-parallel ranks of a row-parallel block's partial output ``x`` (the identity on
+        one rank)."""
+        return x if self.tp is None else self.tp.all_reduce(x)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Write this window's K/V ``[B, S, Hkv, D]`` into ``layer`` of the pool, then attend over each row's cache:

@@ -204,8 +204,7 @@ class Decoder:
                    for b, seq in enumerate(seqs)]
         kept = np.array([r.num_accepted for r in results], dtype=np.int64)
         self.pool.truncate_to(start + 1 + kept, start + n + 1)  # KV of the window's kept positions stays
-        if out.states is not None:  # a hybrid model: each row's DeltaNet state after its last kept position
-            out.states.rewind(kept)
+        self.transformer.rewind(out, kept)  # a hybrid model: each row's DeltaNet state after its last kept position
         drafted = drafts.tolist()
         for b, (seq, res) in enumerate(zip(seqs, results)):
             seq.forwards += 1

@@ -42,8 +42,9 @@ class HybridDecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """``x`` ``[B, S, D]`` -> ``[B, S, D]``; advances this layer's state or writes its K/V."""
         mixer = self.linear_attn if self.is_linear else self.self_attn
-        x = x + mixer.forward(self.input_layernorm.forward(x), ctx)
-        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+        # With tensor parallelism both blocks are row-parallel: ctx.reduce sums the ranks' partial outputs.
+        x = x + ctx.reduce(mixer.forward(self.input_layernorm.forward(x), ctx))
+        return x + ctx.reduce(self.mlp.forward(self.post_attention_layernorm.forward(x)))
 
 
 def layer_indices(config: ModelConfig) -> list[tuple[int, int]]:

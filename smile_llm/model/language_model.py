@@ -19,9 +19,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import env
 from ..attention.backend import AttentionBackend, select_backend
 from ..cache import KvCacheLayout, KvCachePool, StatePool
 from ..cache.tokens import as_int_array
+from ..distributed.group import TensorParallel, init_tensor_parallel
+from ..distributed.lockstep import Leader, follow
 from .config import MAX_SPECULATIVE_TOKENS, ModelConfig
 from .config_hybrid import FULL_ATTENTION
 from .decoder import Decoder
@@ -33,6 +36,7 @@ from .state_step import state_specs
 from .tokenizer import Tokenizer, load_tokenizer
 from .transformer import Transformer
 from .hybrid_layout import check_hybrid_checkpoint, to_module_names
+from .sharding import check_shardable, local_config, read_sharded_checkpoint
 from .weights import checkpoint_shapes, load_into, read_checkpoint
 
 __all__ = ["Completion", "GenerationCancelled", "LanguageModel"]
@@ -59,6 +63,7 @@ class LanguageModel:
                 self.decoder.decode_graphs = DecodeGraphRunner(transformer, pool)
                 self.decoder.verify_graphs = VerifyGraphRunner(transformer, pool)
         self.serving_engine: Any = None  # the InferenceEngine attached to this model, if any
+        self.tp = TensorParallel(0, 1)  # this process's rank (tensor_parallel in from_pretrained)
         self._server: Server | None = None
         self._server_lock = threading.Lock()
 
@@ -68,7 +73,8 @@ class LanguageModel:
                         mem_fraction: float | None = None, page_size: int = 16, *, max_batch_size: int = 4,
                         max_seq_len: int | None = None, cuda_graphs: bool = True,
                         draft_kv: str = "history", speculative_max_batch: int | None = None,
-                        drafter: str | Drafter | None = "mtp", state_snapshots: int | None = None) -> LanguageModel:
+                        drafter: str | Drafter | None = "mtp", state_snapshots: int | None = None,
+                        tensor_parallel: int = 1, lockstep_check: bool | None = None) -> LanguageModel:
         """Load ``config.json``, ``*.safetensors`` (sharded too) and the tokenizer from ``path``; size a KV pool
         for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's context, at most 4096).
         ``cuda_graphs``: replay decode and verify forwards from CUDA graphs on CUDA with FlashInfer (no effect
@@ -79,35 +85,84 @@ class LanguageModel:
         ``speculative_max_batch``: see the property of that name. ``state_snapshots`` (hybrid models): prefix
         snapshots of the DeltaNet state kept for the prefix tree (default ``2 * max_batch_size``; each costs one
         request's state, ``StatePool.bytes_per_request``); a prefix hit needs one at the prefix's end, so 0 turns
-        prefix reuse off for the model."""
+        prefix reuse off for the model.
+
+        ``tensor_parallel=N`` (under ``torchrun --nproc-per-node N``, one process per rank; docs/tensor_parallel.md):
+        every rank loads only its slices of the weights and keeps its own KV heads' pool; rank 0 returns a model
+        that serves exactly as on one device, the other ranks a model whose ``follow()`` replays rank 0's plan until
+        rank 0 closes. ValueError at load, with the reason, when N does not split the heads or the MLP or differs
+        from the number of processes. ``lockstep_check`` (default: ``SMILE_TP_CHECK=1``) compares every rank's pool
+        digest with rank 0's before each forward."""
         folder = Path(path)
         config = ModelConfig.from_pretrained(folder)
         device = torch.device(device)
+        if isinstance(tensor_parallel, int) and not isinstance(tensor_parallel, bool) and tensor_parallel > 1:
+            check_shardable(config, tensor_parallel)  # before joining any process group
+        tp = init_tensor_parallel(tensor_parallel, device)
+        local = local_config(config, tp)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         hybrid = config.is_hybrid
         for note in config.notes:
             warnings.warn(note, stacklevel=2)
         if hybrid:  # every tensor's name and shape against the config, from the headers, before loading anything
             check_hybrid_checkpoint(config, checkpoint_shapes(folder))
-        transformer = Transformer(config)
-        tensors = to_module_names(read_checkpoint(folder), config)  # a multimodal checkpoint: its text model's
+        transformer = Transformer(local, tp, vocab_size=config.vocab_size)
+        raw = read_checkpoint(folder) if tp.size == 1 else read_sharded_checkpoint(folder, config, tp)
+        tensors = to_module_names(raw, config)  # a multimodal checkpoint: its text model's
         load_into(transformer, tensors, dtype,
                   tied=("lm_head.weight",) if config.tie_word_embeddings else ())
         transformer.to(device=device, dtype=dtype).eval()
         tokenizer = load_tokenizer(folder, config.eos_token_ids, config.vocab_size)
         seq = max_seq_len or min(config.max_position_embeddings, 4096)
         kv_layers = sum(1 for t in config.layer_types if t == FULL_ATTENTION)
-        layout = KvCacheLayout(kv_layers, config.num_key_value_heads, config.head_dim, max_batch_size, seq)
+        layout = KvCacheLayout(kv_layers, local.num_key_value_heads, config.head_dim, max_batch_size, seq)
         # Smile's order: the DeltaNet state pool first, so the KV pool is sized from the memory left after it
         snapshots = 2 * max_batch_size if state_snapshots is None else state_snapshots
-        states = StatePool(state_specs(config, dtype), max_batch_size, device, snapshots) if hybrid else None
+        states = StatePool(state_specs(local, dtype), max_batch_size, device, snapshots) if hybrid else None
         pool = KvCachePool.allocate(layout, device, dtype, mem_fraction or 0.85, page_size)
         if states is not None:
             pool.attach_state(states)  # a prefix hit then ends at a node with a state snapshot, restored on bind
         lm = cls(config, transformer, tokenizer, pool, select_backend(device), seq,
-                 cuda_graphs=cuda_graphs and not hybrid, draft_kv=draft_kv, drafter=drafter)
+                 cuda_graphs=cuda_graphs and not hybrid and tp.size == 1, draft_kv=draft_kv, drafter=drafter)
         lm.speculative_max_batch = speculative_max_batch
+        if tp.size > 1:
+            check = env.tp_check() if lockstep_check is None else bool(lockstep_check)
+            lm._lockstep(tp, check)
         return lm
+
+    # ------------------------------------------------------------------ tensor parallelism
+    def _tp_pools(self) -> dict[str, KvCachePool]:
+        """The pools every rank keeps in lockstep: the main pool and the drafter's, if it has one."""
+        pools = {"main": self.pool}
+        draft_pool = getattr(self.drafter, "pool", None)
+        if isinstance(draft_pool, KvCachePool) and draft_pool is not self.pool:
+            pools["draft"] = draft_pool
+        return pools
+
+    def _lockstep(self, tp: TensorParallel, check: bool) -> None:
+        self.tp = tp
+        if tp.is_leader:
+            self.transformer.leader = Leader(tp, self._tp_pools(), check)
+
+    @property
+    def is_follower(self) -> bool:
+        """True on ranks > 0 of a tensor-parallel model: call ``follow()`` instead of generating."""
+        return self.tp.size > 1 and not self.tp.is_leader
+
+    def follow(self) -> int:
+        """A rank > 0's serving loop: replay rank 0's plans (its pools' calls, then each forward, joining rank 0's
+        collectives) until rank 0 closes its model, then close this rank's pools; returns the plans replayed.
+        RuntimeError on rank 0 or without tensor parallelism; LockstepError when this rank's pools diverge; a
+        collective error when rank 0 dies or hangs past the group's timeout (the pools are closed either way)."""
+        if not self.is_follower:
+            raise RuntimeError("follow() runs on ranks > 0 of a tensor-parallel model; rank 0 generates")
+        transformer, backend = self.transformer, self.backend
+        try:
+            return follow(self.tp, self._tp_pools(),
+                          lambda pool, t, s, c, k: transformer.forward(t, s, pool, backend, c, k),
+                          lambda pool, t, h, s, c: transformer.draft(t, h, s, pool, backend, c), self.pool.device)
+        finally:
+            self._close_pools()
 
     @property
     def speculative_max_batch(self) -> int | None:
@@ -247,6 +302,10 @@ class LanguageModel:
 
     def _close_pools(self) -> None:
         self.serving_engine = None
+        leader = self.transformer.leader
+        if leader is not None:  # rank 0 of a tensor-parallel model: the followers stop and close theirs
+            self.transformer.leader = None
+            leader.stop()
         self.pool.close()
         if self.drafter is not None:
             self.drafter.close()

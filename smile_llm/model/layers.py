@@ -161,5 +161,6 @@ class DecoderLayer(nn.Module):
         """``x`` ``[B, S, D]`` -> ``[B, S, D]``; writes this layer's K/V of the window into the pool."""
         # The blocks' forward is called directly: no hooks are used, and Module.__call__ costs ~2 us a call on the
         # CPU, as much as a small kernel.
-        x = x + self.self_attn.forward(self.input_layernorm.forward(x), ctx)
-        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+        # With tensor parallelism both blocks are row-parallel: ctx.reduce sums the ranks' partial outputs.
+        x = x + ctx.reduce(self.self_attn.forward(self.input_layernorm.forward(x), ctx))
+        return x + ctx.reduce(self.mlp.forward(self.post_attention_layernorm.forward(x)))

@@ -10,6 +10,7 @@ the backend with the step's shared CSR.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,6 +19,7 @@ from torch.nn import functional as F
 
 from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
+from ..distributed.group import TensorParallel
 from .config import ModelConfig
 from .context import ForwardContext, RopeTable
 from .hybrid_layer import HybridDecoderLayer, layer_indices
@@ -68,9 +70,12 @@ class DecoderModel(nn.Module):
 class Transformer(nn.Module):
     """A causal LM with HF parameter names (``model.*``, ``lm_head``)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, tp: TensorParallel | None = None, vocab_size: int | None = None) -> None:
         super().__init__()
         self.config = config
+        self.tp = tp if tp is not None and tp.size > 1 else None  # None: one rank
+        self.vocab_size = vocab_size or config.vocab_size  # the whole vocabulary (config has this rank's partition)
+        self.leader: Any = None  # rank 0 of a tensor-parallel group: sends each forward to the followers
         self.model = DecoderModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -81,12 +86,23 @@ class Transformer(nn.Module):
                              persistent=False)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The token embeddings ``[..., D]`` of int64 ``tokens``."""
-        return F.embedding(tokens, self.model.embed_tokens.weight)
+        """The token embeddings ``[..., D]`` of int64 ``tokens`` (vocabulary-parallel: each rank looks up the tokens
+        of its partition, zeros for the others, and one all-reduce sums them)."""
+        weight = self.model.embed_tokens.weight
+        if self.tp is None:
+            return F.embedding(tokens, weight)
+        local = tokens - self.tp.rank * weight.shape[0]
+        mine = (local >= 0) & (local < weight.shape[0])
+        x = F.embedding(local.clamp(0, weight.shape[0] - 1), weight) * mine.unsqueeze(-1).to(weight.dtype)
+        return self.tp.all_reduce(x)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """float32 LM-head logits ``[..., vocab]`` of already-normed hidden states ``x``."""
-        return F.linear(x, self.lm_head.weight).float()
+        """float32 LM-head logits ``[..., vocab]`` of already-normed hidden states ``x`` (vocabulary-parallel: the
+        ranks' partitions gathered in rank order, the padding past the vocabulary cut)."""
+        out = F.linear(x, self.lm_head.weight).float()
+        if self.tp is None:
+            return out
+        return self.tp.all_gather_last(out)[..., : self.vocab_size]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -100,7 +116,7 @@ class Transformer(nn.Module):
         ``keep_states``: keep the DeltaNet state after every position (a verify window)."""
         c = self.config
         return ForwardContext(pool, backend, start, seqlen, self.rope(start, seqlen), c.num_attention_heads,
-                              c.num_key_value_heads, c.head_dim, self.dtype, valid, keep_states)
+                              c.num_key_value_heads, c.head_dim, self.dtype, valid, keep_states, self.tp)
 
     def rope(self, start: np.ndarray, seqlen: int) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE cos and sin ``[B, S, 1, head_dim]`` of positions ``start[b] + [0, S)`` (from a cached table; sin with
@@ -116,7 +132,12 @@ class Transformer(nn.Module):
         is ``[B, 1, vocab]`` (a prefill needs the last prompt position's logits alone); ``hidden`` keeps every
         position. ``keep_states`` (a verify window on a hybrid model): ``ForwardOutput.states`` can ``rewind``."""
         valid = None if logit_cols is None else np.asarray(logit_cols, dtype=np.int64) + 1  # padding follows
-        return self.run(tokens, self.context(pool, backend, start, tokens.shape[1], valid, keep_states), logit_cols)
+        if self.leader is None:
+            return self.run(tokens, self.context(pool, backend, start, tokens.shape[1], valid, keep_states),
+                            logit_cols)
+        with self.leader.forward(pool, tokens, start, logit_cols, keep_states):  # the followers run it too
+            return self.run(tokens, self.context(pool, backend, start, tokens.shape[1], valid, keep_states),
+                            logit_cols)
 
     def run(self, tokens: torch.Tensor, ctx: ForwardContext, logit_cols: np.ndarray | None = None) -> ForwardOutput:
         """The forward over a prepared context (CUDA-graph runners capture this with static buffers); commits the
@@ -133,6 +154,16 @@ class Transformer(nn.Module):
         ctx.commit()
         return out
 
+    def rewind(self, out: ForwardOutput, kept: np.ndarray) -> None:
+        """After a verify window (``keep_states``) of a hybrid model: each row's DeltaNet state after its last kept
+        position (``StateStep.rewind``; with tensor parallelism every rank's, in order with its pool calls). Nothing
+        for a dense model."""
+        if out.states is None:
+            return
+        if self.leader is not None:
+            self.leader.record_rewind(kept)
+        out.states.rewind(kept)
+
     @torch.inference_mode()
     def draft(self, tokens: torch.Tensor, hidden: torch.Tensor, start: np.ndarray, pool: KvCachePool,
               backend: AttentionBackend, cols: np.ndarray | None = None) -> DraftOutput:
@@ -143,6 +174,14 @@ class Transformer(nn.Module):
         RuntimeError without an MTP head."""
         if self.mtp is None:
             raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0); it cannot draft")
+        if self.leader is not None:
+            with self.leader.draft(pool, tokens, hidden, start, cols):  # the followers run it too
+                return self._draft(tokens, hidden, start, pool, backend, cols)
+        return self._draft(tokens, hidden, start, pool, backend, cols)
+
+    def _draft(self, tokens: torch.Tensor, hidden: torch.Tensor, start: np.ndarray, pool: KvCachePool,
+               backend: AttentionBackend, cols: np.ndarray | None) -> DraftOutput:
+        assert self.mtp is not None
         ctx = self.context(pool, backend, start, tokens.shape[1])
         x = self.mtp.forward(self.embed(tokens), hidden, ctx)
         if cols is None or (cols == x.shape[1] - 1).all():

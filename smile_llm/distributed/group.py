@@ -1,0 +1,90 @@
+"""TensorParallel: this process's rank in a tensor-parallel group and the collectives the model needs.
+
+One process per rank, started by ``torchrun`` (which sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT``; across machines its rendezvous does the same). ``init_tensor_parallel(size)`` joins (or reuses) the
+default process group: NCCL when the model lives on CUDA, gloo on the CPU, with a bounded ``timeout`` so that a rank
+that dies or hangs makes every collective of the others raise instead of waiting forever. The tensor-parallel group
+is the whole world (one model per job).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """``rank`` of ``size`` ranks in the default process group. ``size == 1`` is plain single-device serving: every
+    collective is the identity. ``sent`` counts the bytes this rank contributed to each kind of collective."""
+
+    rank: int
+    size: int
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    sent: dict[str, int] = field(default_factory=lambda: {"all_reduce": 0, "all_gather": 0}, compare=False)
+
+    @property
+    def is_leader(self) -> bool:
+        """Rank 0: it runs the scheduler and samples; the others follow its plan."""
+        return self.rank == 0
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum of every rank's ``x`` (in place; returned). The identity for one rank."""
+        if self.size > 1:
+            dist.all_reduce(x)
+            self.sent["all_reduce"] += x.numel() * x.element_size()
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``x`` concatenated along the last dimension, in rank order (equal shapes on every rank)."""
+        if self.size == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous())
+        self.sent["all_gather"] += x.numel() * x.element_size()
+        return torch.cat(parts, dim=-1)
+
+    def broadcast_object(self, obj: Any = None) -> Any:
+        """Rank 0's ``obj`` on every rank (pickled; tensors inside travel on the CPU)."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+def init_tensor_parallel(size: int, device: torch.device, timeout_s: float | None = None) -> TensorParallel:
+    """This process's place in a ``size``-rank tensor-parallel group: joins the default process group from the
+    ``torchrun`` environment unless it already exists (NCCL for a CUDA ``device``, gloo otherwise), with collectives
+    bounded by ``timeout_s`` (default ``SMILE_TP_TIMEOUT_S`` or 60 s; give an existing group the same timeout).
+    ValueError when ``size`` is not a positive int or differs from the world size, or when ``size > 1`` outside a
+    distributed launch; ``size == 1`` needs no process group."""
+    if timeout_s is None:
+        timeout_s = float(os.environ.get("SMILE_TP_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"tensor_parallel must be an int >= 1, got {size!r}")
+    if size == 1:
+        return TensorParallel(0, 1, timeout_s)
+    if not dist.is_initialized():
+        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            raise ValueError(f"tensor_parallel={size} needs one process per rank: launch with torchrun "
+                             f"--nproc-per-node {size} (RANK and WORLD_SIZE are not set)")
+        if device.type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
+    world = dist.get_world_size()
+    if size != world:
+        raise ValueError(f"tensor_parallel={size} but the job has {world} processes; launch torchrun with "
+                         f"--nproc-per-node {size} (one rank per shard)")
+    return TensorParallel(dist.get_rank(), size, timeout_s)

@@ -1,0 +1,196 @@
+"""Lockstep: every rank's pools make rank 0's decisions, and every rank runs rank 0's forwards.
+
+Rank 0 (the ``Leader``) runs the scheduler, the sampler and the drafter, exactly as on one device. Its pools record
+every state-changing call that succeeded (``KvCachePool.record_calls``: binds, finishes, ``activate_step``,
+seal/truncate, grow, offload/restore, ...). Each forward (target or MTP draft) first sends one **plan** to the other
+ranks: the calls recorded since the last plan, then the forward's inputs (tokens, start positions, logit columns;
+the MTP head's hidden input), and, with ``check``, each pool's ``state_digest`` after those calls. A follower
+(``follow``) replays the calls on its own pools (same calls, same order: the same pages, ids and tree), compares
+digests (``LockstepError`` on divergence, loudly, and it stops: rank 0's next collective then fails too), then runs
+the same forward, whose all-reduces and all-gathers meet rank 0's. Sampled tokens reach the followers as the next
+forward's inputs, so sampling happens once.
+
+While rank 0 is idle it sends a heartbeat plan every ``timeout_s / 4``, so a follower waiting for a plan can tell a
+hung rank 0 from an idle one: every wait is bounded by the process group's timeout. A dead rank breaks the
+connections at once; either way the other ranks raise instead of hanging. ``Leader.stop`` ends the followers' loops
+(``LanguageModel.close`` on rank 0), after which each rank closes its own pools.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..cache import KvCachePool
+from ..cache.offload import OffloadedKv
+from .group import TensorParallel
+
+Call = tuple[str, str, tuple[Any, ...], dict[str, Any]]  # (pool key, verb, args, kwargs)
+
+
+class LockstepError(RuntimeError):
+    """A rank's pools diverged from rank 0's, or a recorded call failed on a follower."""
+
+
+class Leader:
+    """Rank 0's side: records its pools' calls, sends a plan before each forward and heartbeats while idle. Every
+    send and every forward holds one lock, so the ranks' collectives stay in the same order."""
+
+    def __init__(self, tp: TensorParallel, pools: Mapping[str, KvCachePool], check: bool = False) -> None:
+        self.tp, self.pools, self.check = tp, dict(pools), check
+        self._keys = {id(pool): key for key, pool in self.pools.items()}
+        self._calls: list[Call] = []
+        self._calls_lock = threading.Lock()
+        self._lock = threading.RLock()  # one send or forward at a time
+        self._last_send = time.monotonic()
+        self._stopped = False
+        self.plans_sent = 0
+        self.bytes_sent = 0
+        for key, pool in self.pools.items():
+            pool.record_calls(self._recorder(key))
+        self._heartbeat = threading.Thread(target=self._beat, name="smile-llm-tp-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def _recorder(self, key: str) -> Callable[[str, tuple[Any, ...], dict[str, Any]], None]:
+        def record(verb: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            args = tuple(a.request_id if isinstance(a, OffloadedKv) else a for a in args)  # followers keep their own
+            with self._calls_lock:
+                self._calls.append((key, verb, args, dict(kwargs)))
+
+        return record
+
+    def record_rewind(self, kept: np.ndarray) -> None:
+        """The last verify forward's DeltaNet states were rewound to ``kept`` (a hybrid model): the followers rewind
+        theirs at the same point among the recorded calls."""
+        with self._calls_lock:
+            self._calls.append(("states", "rewind", (np.asarray(kept),), {}))
+
+    def _send(self, op: tuple[Any, ...]) -> None:
+        with self._calls_lock:
+            calls, self._calls = self._calls, []
+        digests = {key: pool.state_digest() for key, pool in self.pools.items()} if self.check else None
+        plan = (calls, op, digests)
+        self.tp.broadcast_object(plan)
+        self.plans_sent += 1
+        self.bytes_sent += plan_bytes(plan)
+        self._last_send = time.monotonic()
+
+    @contextlib.contextmanager
+    def forward(self, pool: KvCachePool, tokens: torch.Tensor, start: np.ndarray, logit_cols: np.ndarray | None,
+                keep_states: bool) -> Iterator[None]:
+        """Send a target forward's plan, then hold the lock while rank 0 runs it (the body)."""
+        with self._lock:
+            self._send(("forward", self._keys[id(pool)], tokens.cpu(), np.asarray(start), logit_cols, keep_states))
+            yield
+
+    @contextlib.contextmanager
+    def draft(self, pool: KvCachePool, tokens: torch.Tensor, hidden: torch.Tensor, start: np.ndarray,
+              cols: np.ndarray | None) -> Iterator[None]:
+        """Send an MTP draft step's plan (its hidden input included), then hold the lock while rank 0 runs it."""
+        with self._lock:
+            self._send(("draft", self._keys[id(pool)], tokens.cpu(), hidden.detach().cpu(), np.asarray(start), cols))
+            yield
+
+    def sync(self) -> None:
+        """Send the calls recorded so far (no forward), e.g. before reading every rank's digest."""
+        with self._lock:
+            self._send(("sync",))
+
+    def stop(self) -> None:
+        """End the followers' loops (after the calls recorded so far). Idempotent."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            for pool in self.pools.values():
+                pool.record_calls(None)
+            self._send(("stop",))
+
+    def _beat(self) -> None:
+        interval = max(0.05, self.tp.timeout_s / 4)
+        while not self._stopped:
+            time.sleep(interval / 4)
+            if time.monotonic() - self._last_send < interval or not self._lock.acquire(blocking=False):
+                continue
+            try:
+                if not self._stopped and time.monotonic() - self._last_send >= interval:
+                    self._send(("heartbeat",))
+            except Exception:  # noqa: BLE001 - a broken group: the next forward on rank 0 raises with the reason
+                return
+            finally:
+                self._lock.release()
+
+
+def follow(tp: TensorParallel, pools: Mapping[str, KvCachePool],
+           run_forward: Callable[[KvCachePool, torch.Tensor, np.ndarray, np.ndarray | None, bool], Any],
+           run_draft: Callable[[KvCachePool, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray | None], Any],
+           device: torch.device) -> int:
+    """A follower's loop: receive each plan, replay its calls on ``pools``, check the digests, run its forward;
+    returns the number of plans once rank 0 stops. LockstepError on divergence; a collective error (rank 0 died or
+    hung past the timeout) propagates. A forward that raises here raised on rank 0 too (same inputs, same pool
+    state): the follower goes on, as rank 0's scheduler does."""
+    handles: dict[tuple[str, int], OffloadedKv] = {}
+    plans = 0
+    last: Any = None  # the last forward's output (its DeltaNet states, for a rewind)
+    while True:
+        calls, op, digests = tp.broadcast_object()
+        plans += 1
+        for key, verb, args, kwargs in calls:
+            try:
+                if key == "states":  # verb "rewind": the last verify forward's states, as rank 0 did
+                    last.states.rewind(*args)
+                    continue
+                pool = pools[key]
+                if verb == "restore_request":
+                    pool.restore_request(args[0], handles.pop((key, args[0])))
+                elif verb == "offload_request":
+                    handles[(key, args[0])] = pool.offload_request(*args)
+                else:
+                    getattr(pool, verb)(*args, **kwargs)
+            except Exception as exc:
+                raise LockstepError(f"rank {tp.rank}: replaying {key} {verb}{args!r} failed where rank 0 "
+                                    f"succeeded: {exc!r}") from exc
+        if digests is not None:
+            for key, want in digests.items():
+                got = pools[key].state_digest()
+                if got != want:
+                    raise LockstepError(f"rank {tp.rank}: the {key} pool diverged from rank 0 after {plans} plans "
+                                        f"(digest {got[:12]} != {want[:12]})")
+        kind = op[0]
+        if kind == "stop":
+            return plans
+        try:
+            if kind == "forward":
+                _, key, tokens, start, cols, keep = op
+                last = run_forward(pools[key], tokens.to(device), start, cols, keep)
+            elif kind == "draft":
+                _, key, tokens, hidden, start, cols = op
+                run_draft(pools[key], tokens.to(device), hidden.to(device), start, cols)
+        except LockstepError:
+            raise
+        except (RuntimeError, ValueError) as exc:
+            broken = isinstance(exc, getattr(torch.distributed, "DistError", ())) or "Connection" in str(exc) or \
+                "timed out" in str(exc).lower()
+            if broken:
+                raise  # the group is broken: rank 0 is gone or hung
+            last = None
+            continue
+
+
+def plan_bytes(plan: Any) -> int:
+    """Bytes of the tensors and arrays in a plan (what it costs on the wire, pickling aside)."""
+    if isinstance(plan, torch.Tensor):
+        return plan.numel() * plan.element_size()
+    if isinstance(plan, np.ndarray):
+        return int(plan.nbytes)
+    if isinstance(plan, (list, tuple)):
+        return sum(plan_bytes(p) for p in plan)
+    if isinstance(plan, dict):
+        return sum(plan_bytes(v) for v in plan.values())
+    return 8 if isinstance(plan, (int, float)) else 0

@@ -1,0 +1,111 @@
+"""Tensor parallelism on the CPU: two processes joined by gloo (``tp_worker.spawn``), each loading its slices of a
+tiny random Qwen3 checkpoint with an MTP head (vocabulary 97: uneven partitions; 2 KV heads: one per rank).
+TP=2 against TP=1 in the same rank-0 process: logits (prompt and step by step) within 1e-5, and the same tokens for
+greedy, speculative, batched, seeded sampling and concurrent engine requests, with every forward's pool digests
+compared (lockstep check). A rank killed mid-request makes the survivor raise within the timeout; bad
+``tensor_parallel`` values are refused at load with the reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from smile_llm.model import LanguageModel
+from smile_llm.model.sharding import check_shardable, local_config, shard_range, vocab_partition
+from smile_llm.distributed import TensorParallel
+
+from ..model.hybrid_models import hybrid_zoo  # noqa: F401 - fixture
+from ..model.mtp_models import build_mtp_model
+from .tp_worker import TIMEOUT_S, spawn
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_mtp_model(tmp_path_factory.mktemp("tp") / "qwen3", "qwen3", seed=3)
+
+
+def run(scenario: str, folder: Path, out: Path, size: int = 2) -> list[dict]:
+    """Each rank's report (``{"exited": True}`` for a rank that died without one)."""
+    spawn(scenario, folder, out, size)
+    files = [out / f"rank{r}.json" for r in range(size)]
+    return [json.loads(f.read_text()) if f.is_file() else {"exited": True} for f in files]
+
+
+def test_tp2_equals_tp1_with_pools_in_lockstep(folder: Path, tmp_path: Path) -> None:
+    leader, follower = run("parity", folder, tmp_path)
+    assert "error" not in leader, leader.get("traceback")
+    assert "error" not in follower, follower.get("traceback")
+    tp, one = leader["tp"], leader["one"]
+    for key in ("prompt_logits", "step_logits"):
+        got, want = np.array(tp[key]), np.array(one[key])
+        assert got.shape == want.shape == (len(want), 97)
+        assert np.abs(got - want).max() < 1e-5, key
+    for key in ("plain", "spec", "batch", "sampled", "engine"):
+        assert tp[key] == one[key], key
+    assert tp["spec"] == tp["plain"] and tp["rounds"] > 0
+    assert leader["kv_heads"] == 1  # each rank keeps its own KV head
+    assert follower["plans"] == leader["plans_sent"] and leader["bytes_sent"] > 0
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_hybrid_tp2_equals_tp1(family: str, hybrid_zoo, tmp_path: Path) -> None:  # noqa: F811 - the fixture
+    """Qwen3.5 (DeltaNet 2 key / 4 value heads, gated attention) and Qwen3-Next (its MoE experts split too): each
+    rank holds half of every DeltaNet layer's heads and state."""
+    leader, follower = run("hybrid", hybrid_zoo(family).path, tmp_path)
+    assert "error" not in leader, leader.get("traceback")
+    assert "error" not in follower, follower.get("traceback")
+    tp, one = leader["tp"], leader["one"]
+    diff = np.abs(np.array(tp["prompt_logits"]) - np.array(one["prompt_logits"])).max()
+    assert diff < 2e-5, diff  # float32, summation order across ranks (the DeltaNet and MoE blocks add sums)
+    for key in ("plain", "spec", "batch", "follow_up", "cached"):
+        assert tp[key] == one[key], key
+    assert tp["spec"] == tp["plain"] and tp["rounds"] > 0 and tp["cached"] > 0
+    tp_bytes, one_bytes = leader["state_bytes"]
+    assert 2 * tp_bytes == one_bytes  # each rank keeps half of the DeltaNet state
+
+
+def test_a_rank_killed_mid_request_makes_the_survivor_raise_within_the_timeout(folder: Path, tmp_path: Path) -> None:
+    leader, follower = run("killed", folder, tmp_path)
+    assert follower == {"exited": True}
+    assert leader["raised"] is not None, "generate returned although rank 1 died"
+    assert leader["seconds"] < TIMEOUT_S + 15
+
+
+def test_bad_tensor_parallel_values_are_refused_at_load_with_the_reason(folder: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not divide the 4 attention heads"):
+        LanguageModel.from_pretrained(folder, tensor_parallel=3)
+    with pytest.raises(ValueError, match="launch with torchrun"):
+        LanguageModel.from_pretrained(folder, tensor_parallel=2)
+    with pytest.raises(ValueError, match="tensor_parallel must be an int >= 1"):
+        LanguageModel.from_pretrained(folder, tensor_parallel=0)
+    (alone,) = run("oversized", folder, tmp_path, size=1)
+    assert "but the job has 1 processes" in alone["raised"]
+
+
+def test_the_sharding_plan() -> None:
+    from smile_llm.model import ModelConfig
+
+    config = ModelConfig.from_dict({"model_type": "qwen3", "vocab_size": 97, "hidden_size": 32,
+                                    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                    "head_dim": 8, "intermediate_size": 64})
+    r1 = TensorParallel(1, 2)
+    local = local_config(config, r1)
+    assert (local.num_attention_heads, local.num_key_value_heads, local.intermediate_size, local.vocab_size) == \
+        (2, 1, 32, 49)
+    assert vocab_partition(97, 2) == 49
+    assert shard_range("model.layers.0.self_attn.q_proj.weight", (32, 32), config, r1) == (0, 16, 32)
+    assert shard_range("model.layers.0.self_attn.k_proj.weight", (16, 32), config, r1) == (0, 8, 16)
+    assert shard_range("model.layers.0.self_attn.o_proj.weight", (32, 32), config, r1) == (1, 16, 32)
+    assert shard_range("model.layers.0.mlp.down_proj.weight", (32, 64), config, r1) == (1, 32, 64)
+    assert shard_range("lm_head.weight", (97, 32), config, r1) == (0, 49, 97)
+    assert shard_range("model.norm.weight", (32,), config, r1) is None
+    r3 = TensorParallel(3, 4)  # more ranks than KV heads: ranks 2 and 3 read KV head 1
+    assert shard_range("model.layers.0.self_attn.v_proj.weight", (16, 32), config, r3) == (0, 8, 16)
+    odd = ModelConfig.from_dict({"model_type": "qwen3", "vocab_size": 97, "hidden_size": 48, "num_hidden_layers": 2,
+                                 "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 8,
+                                 "intermediate_size": 96})
+    with pytest.raises(ValueError, match="neither divides nor is a multiple of the 4 KV heads"):
+        check_shardable(odd, 3)
