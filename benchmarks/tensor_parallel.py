@@ -6,7 +6,8 @@ The model: hidden ``--hidden`` (1024), ``--layers`` (4) layers, 16 query / 8 KV 
 8192, seeded random weights saved as safetensors. Measured on rank 0 (medians of ``--repeats``): the prefill of a
 ``--prompt``-token prompt, greedy decode tokens/s over ``--new`` tokens (plain decoding), and what rank 0 sends per
 generated token (the plans to the other rank, and its share of the all-reduces and the logits' all-gather). The
-tokens of TP=2 and TP=1 are checked identical. Not a GPU figure: on the CPU both ranks share the machine's memory
+tokens of TP=2 and TP=1 are checked identical. ``--device cuda`` runs the same on two GPUs with NCCL
+(``scripts/gpu_check.sh`` does when the machine has two). Not a GPU figure: on the CPU both ranks share the machine's memory
 bandwidth, which is what a decode step is bound by.
 
     .venv/bin/python benchmarks/tensor_parallel.py [--hidden 1024] [--layers 4] [--prompt 256] [--new 64] [--quick]
@@ -65,14 +66,18 @@ def measure(lm: Any, prompt: list[int], new: int, repeats: int) -> dict[str, Any
 
 
 def rank_main(rank: int, port: int, folder: str, args: argparse.Namespace, out: str) -> None:
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "LOCAL_RANK": str(rank)})
     import torch.distributed as dist
 
     from smile_llm.model import LanguageModel
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=timedelta(seconds=300))
-    options = {"max_seq_len": args.prompt + args.new + 16, "max_batch_size": 1}
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=300))
+    options = {"max_seq_len": args.prompt + args.new + 16, "max_batch_size": 1, "device": args.device}
     lm = LanguageModel.from_pretrained(folder, tensor_parallel=2, **options)
     if lm.is_follower:
         lm.follow()
@@ -103,6 +108,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=256)
     p.add_argument("--new", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL over two GPUs")
     p.add_argument("--quick", action="store_true", help="64-token prompt, 16 new tokens, 1 repeat")
     args = p.parse_args()
     if args.quick:
@@ -127,7 +133,8 @@ def main() -> None:
     assert same, "TP=2 and TP=1 generated different tokens"
     print(f"tensor_parallel: random Qwen3, hidden {args.hidden}, {args.layers} layers, 16/8 heads of 64, MLP 2816, "
           f"vocab 8192; {args.prompt}-token prompt, {args.new} greedy tokens, medians of {args.repeats}; torch "
-          f"{torch.__version__}, gloo on the CPU; code {code_version()}")
+          f"{torch.__version__}, {'NCCL on two GPUs' if args.device == 'cuda' else 'gloo on the CPU'}; code "
+          f"{code_version()}")
     print(f"{'':24} {'prefill ms':>11} {'decode tok/s':>13}")
     for key, label in (("tp1_1t", "TP=1, 1 thread"), ("tp1_2t", "TP=1, 2 threads"), ("tp2", "TP=2, 1 thread/rank")):
         print(f"{label:24} {r[key]['prefill_s'] * 1e3:>11.1f} {r[key]['tok_s']:>13.1f}")

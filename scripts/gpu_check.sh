@@ -251,4 +251,16 @@ EOF
 status=$?
 set -e
 (( status == 124 )) && warn "pytest ran out of time (${test_budget} s): the table lists what finished"
+
+# ------------------------------------------------------------------------------------------- tensor parallel
+# With two GPUs or more: TP=2 against TP=1 with NCCL (benchmarks/tensor_parallel.py --device cuda).
+gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+tp_budget=$(( BUDGET - 10 - SECONDS ))
+if (( gpus >= 2 && tp_budget > 60 )); then
+  say "tensor parallel on 2 of $gpus GPUs (NCCL; at most ${tp_budget} s)"
+  timeout --kill-after=10 "$tp_budget" "$PY" benchmarks/tensor_parallel.py --device cuda --quick \
+    || warn "the tensor-parallel benchmark failed or ran out of time"
+elif (( gpus < 2 )); then
+  echo "tensor parallel: skipped ($gpus GPU; it needs two)"
+fi
 exit "$status"
