@@ -57,8 +57,12 @@ def _journaled(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self: KvCachePool, *args: Any, **kwargs: Any) -> Any:
-        result = method(self, *args, **kwargs)
-        if self._journal is not None:
+        self._journal_depth += 1
+        try:
+            result = method(self, *args, **kwargs)
+        finally:
+            self._journal_depth -= 1
+        if self._journal is not None and self._journal_depth == 0:  # a verb another verb called is not recorded
             self._journal(method.__name__, args, kwargs)
         return result
 
@@ -140,6 +144,7 @@ class KvCachePool:
         self._closed = False
         self._states: list[StatePool] = []  # per-request state beside the KV (attach_state), bound with each request
         self._journal: Callable[[str, tuple[Any, ...], dict[str, Any]], None] | None = None  # record_calls
+        self._journal_depth = 0  # journaled verbs running (a nested one is part of its caller's record)
         self._binder = Binder(self._pages, self._radix, self._table, self._kv, fresh_page_fill, self._states)
         self._decode = DecodeGraphBuffers(self._device)
         self._verify = VerifyGraphBuffers(self._page_size, self._device)
@@ -181,7 +186,7 @@ class KvCachePool:
                                   lambda self, on: self.set_prefix_reuse(on),
                                   doc="Match prompts against the tree on bind and insert on finish.")
     zero_rejected_kv = _state(lambda self: self._zero_rejected_kv,
-                              lambda self, on: setattr(self, "_zero_rejected_kv", bool(on)),
+                              lambda self, on: self.set_zero_rejected_kv(on),
                               doc="truncate_to zeroes the rejected tail of a verify window.")
     prefix_prompt_tokens = _state(lambda self: self._binder.prompt_tokens,
                                   doc="Prompt tokens of every bind made with reuse on (cumulative).")
@@ -853,6 +858,18 @@ class KvCachePool:
     def set_prefix_reuse(self, on: bool) -> None:
         """Set ``prefix_reuse_enabled`` (match prompts on bind, insert on finish)."""
         self._binder.prefix_reuse = bool(on)
+
+    @_locked
+    @_journaled
+    def set_zero_rejected_kv(self, on: bool) -> None:
+        """Set ``zero_rejected_kv`` (``truncate_to`` zeroes the rejected tail of a verify window)."""
+        self._zero_rejected_kv = bool(on)
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The pool's lock (re-entrant): hold it to read several things that no other thread's verb may change in
+        between (every verb takes it)."""
+        return self._lock
 
     @_locked
     def state_digest(self) -> str:

@@ -8,16 +8,20 @@ the MTP head's hidden input), and, with ``check``, each pool's ``state_digest`` 
 (``follow``) replays the calls on its own pools (same calls, same order: the same pages, ids and tree), compares
 digests (``LockstepError`` on divergence, loudly, and it stops: rank 0's next collective then fails too), then runs
 the same forward, whose all-reduces and all-gathers meet rank 0's. Sampled tokens reach the followers as the next
-forward's inputs, so sampling happens once.
+forward's inputs, so sampling happens once. Rank 0 builds each forward's context (every check of its inputs) before
+it sends the plan, so a refused forward sends nothing; once a plan is out, an exception on any rank breaks the group
+(``LockstepError``; the others' collectives time out).
 
 While rank 0 is idle it sends a heartbeat plan every ``timeout_s / 4``, so a follower waiting for a plan can tell a
 hung rank 0 from an idle one: every wait is bounded by the process group's timeout. A dead rank breaks the
-connections at once; either way the other ranks raise instead of hanging. ``Leader.stop`` ends the followers' loops
+connections (gloo reports it at once; NCCL's watchdog aborts after its timeout); either way the other ranks end
+instead of hanging forever. ``Leader.stop`` ends the followers' loops
 (``LanguageModel.close`` on rank 0), after which each rank closes its own pools.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 import time
@@ -50,12 +54,18 @@ class Leader:
         self._lock = threading.RLock()  # one send or forward at a time
         self._last_send = time.monotonic()
         self._stopped = False
+        self.broken: str | None = None  # why the group can no longer be used
         self.plans_sent = 0
         self.bytes_sent = 0
         for key, pool in self.pools.items():
             pool.record_calls(self._recorder(key))
         self._heartbeat = threading.Thread(target=self._beat, name="smile-llm-tp-heartbeat", daemon=True)
         self._heartbeat.start()
+        atexit.register(self._stop_at_exit)  # a rank-0 program that ends without close(): the followers still end
+
+    def _stop_at_exit(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
 
     def _recorder(self, key: str) -> Callable[[str, tuple[Any, ...], dict[str, Any]], None]:
         def record(verb: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -72,9 +82,14 @@ class Leader:
             self._calls.append(("states", "rewind", (np.asarray(kept),), {}))
 
     def _send(self, op: tuple[Any, ...]) -> None:
-        with self._calls_lock:
-            calls, self._calls = self._calls, []
-        digests = {key: pool.state_digest() for key, pool in self.pools.items()} if self.check else None
+        if self.broken is not None:
+            raise LockstepError(f"the tensor-parallel group is broken: {self.broken}")
+        with contextlib.ExitStack() as held:  # no verb between taking the calls and the digests they lead to
+            for pool in self.pools.values():
+                held.enter_context(pool.lock)
+            with self._calls_lock:
+                calls, self._calls = self._calls, []
+            digests = {key: pool.state_digest() for key, pool in self.pools.items()} if self.check else None
         plan = (calls, op, digests)
         self.tp.broadcast_object(plan)
         self.plans_sent += 1
@@ -87,7 +102,8 @@ class Leader:
         """Send a target forward's plan, then hold the lock while rank 0 runs it (the body)."""
         with self._lock:
             self._send(("forward", self._keys[id(pool)], tokens.cpu(), np.asarray(start), logit_cols, keep_states))
-            yield
+            with self._fatal():
+                yield
 
     @contextlib.contextmanager
     def draft(self, pool: KvCachePool, tokens: torch.Tensor, hidden: torch.Tensor, start: np.ndarray,
@@ -95,7 +111,19 @@ class Leader:
         """Send an MTP draft step's plan (its hidden input included), then hold the lock while rank 0 runs it."""
         with self._lock:
             self._send(("draft", self._keys[id(pool)], tokens.cpu(), hidden.detach().cpu(), np.asarray(start), cols))
+            with self._fatal():
+                yield
+
+    @contextlib.contextmanager
+    def _fatal(self) -> Iterator[None]:
+        """A forward that raises on rank 0 after its plan went out leaves the followers inside collectives rank 0
+        never joins: the group is broken from then on (every later plan raises LockstepError; the followers'
+        collectives time out)."""
+        try:
             yield
+        except BaseException as exc:
+            self.broken = f"rank 0's forward raised after its plan was sent: {exc!r}"
+            raise
 
     def sync(self) -> None:
         """Send the calls recorded so far (no forward), e.g. before reading every rank's digest."""
@@ -110,7 +138,8 @@ class Leader:
             self._stopped = True
             for pool in self.pools.values():
                 pool.record_calls(None)
-            self._send(("stop",))
+            if self.broken is None:
+                self._send(("stop",))
 
     def _beat(self) -> None:
         interval = max(0.05, self.tp.timeout_s / 4)
@@ -132,9 +161,9 @@ def follow(tp: TensorParallel, pools: Mapping[str, KvCachePool],
            run_draft: Callable[[KvCachePool, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray | None], Any],
            device: torch.device) -> int:
     """A follower's loop: receive each plan, replay its calls on ``pools``, check the digests, run its forward;
-    returns the number of plans once rank 0 stops. LockstepError on divergence; a collective error (rank 0 died or
-    hung past the timeout) propagates. A forward that raises here raised on rank 0 too (same inputs, same pool
-    state): the follower goes on, as rank 0's scheduler does."""
+    returns the number of plans once rank 0 stops. LockstepError on divergence or when a replayed call or forward
+    raises (rank 0 checked them before sending); a collective error (rank 0 died or hung past the timeout)
+    propagates."""
     handles: dict[tuple[str, int], OffloadedKv] = {}
     plans = 0
     last: Any = None  # the last forward's output (its DeltaNet states, for a rewind)
@@ -172,15 +201,9 @@ def follow(tp: TensorParallel, pools: Mapping[str, KvCachePool],
             elif kind == "draft":
                 _, key, tokens, hidden, start, cols = op
                 run_draft(pools[key], tokens.to(device), hidden.to(device), start, cols)
-        except LockstepError:
-            raise
-        except (RuntimeError, ValueError) as exc:
-            broken = isinstance(exc, getattr(torch.distributed, "DistError", ())) or "Connection" in str(exc) or \
-                "timed out" in str(exc).lower()
-            if broken:
-                raise  # the group is broken: rank 0 is gone or hung
-            last = None
-            continue
+        except Exception as exc:  # rank 0 validated these inputs before sending them: the ranks cannot go on together
+            raise LockstepError(f"rank {tp.rank}: {kind} of plan {plans} raised where rank 0's did not: {exc!r}") \
+                from exc
 
 
 def plan_bytes(plan: Any) -> int:

@@ -120,6 +120,12 @@ class LanguageModel:
         snapshots = 2 * max_batch_size if state_snapshots is None else state_snapshots
         states = StatePool(state_specs(local, dtype), max_batch_size, device, snapshots) if hybrid else None
         pool = KvCachePool.allocate(layout, device, dtype, mem_fraction or 0.85, page_size)
+        if tp.size > 1:  # every rank's pool the same size (sized from each device's free memory on CUDA)
+            slots = min(tp.all_gather_object(pool.num_slots))
+            if slots != pool.num_slots:
+                pool.close()
+                pool = KvCachePool(layout.num_layers, slots, layout.num_kv_heads, layout.head_dim, page_size, device,
+                                   dtype)
         if states is not None:
             pool.attach_state(states)  # a prefix hit then ends at a node with a state snapshot, restored on bind
         lm = cls(config, transformer, tokenizer, pool, select_backend(device), seq,
@@ -140,7 +146,15 @@ class LanguageModel:
         return pools
 
     def _lockstep(self, tp: TensorParallel, check: bool) -> None:
+        """Every rank: the same pools (ValueError naming the difference otherwise), every rank loaded (a barrier),
+        then rank 0 leads."""
         self.tp = tp
+        shape = {key: (p.num_slots, p.page_size, p.num_layers, tuple(s.snapshot_capacity for s in p.state_pools))
+                 for key, p in self._tp_pools().items()}
+        everyone = tp.all_gather_object(shape)
+        if any(other != shape for other in everyone):
+            raise ValueError(f"the ranks' pools differ (slots, page size, layers, snapshots per pool): {everyone}; "
+                             f"give every rank the same free memory or a smaller mem_fraction")
         if tp.is_leader:
             self.transformer.leader = Leader(tp, self._tp_pools(), check)
 
@@ -303,9 +317,11 @@ class LanguageModel:
     def _close_pools(self) -> None:
         self.serving_engine = None
         leader = self.transformer.leader
-        if leader is not None:  # rank 0 of a tensor-parallel model: the followers stop and close theirs
-            self.transformer.leader = None
-            leader.stop()
-        self.pool.close()
-        if self.drafter is not None:
-            self.drafter.close()
+        try:
+            if leader is not None:  # rank 0 of a tensor-parallel model: the followers stop and close theirs
+                self.transformer.leader = None
+                leader.stop()
+        finally:
+            self.pool.close()
+            if self.drafter is not None:
+                self.drafter.close()

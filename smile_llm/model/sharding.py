@@ -13,6 +13,7 @@
 | DeltaNet ``in_proj_z``, ``in_proj_b``, ``in_proj_a``, ``dt_bias``, ``A_log`` | rows | its value heads |
 | Qwen3-Next ``in_proj_qkvz``, ``in_proj_ba`` (grouped per key head) | rows | its key heads' groups |
 | DeltaNet ``out_proj`` | columns | its value heads' inputs; one all-reduce |
+| the bias of a row-parallel output (``o_proj.bias`` with ``attention_bias``) | rank 0 only | the bias (zeros on the others, so the sum adds it once) |
 | everything else (norms, routers, the shared expert's gate, ``mtp.fc``, MTP norms) | replicated | the whole tensor |
 
 The MTP head's decoder layers are split like the main model's. Gated attention's ``q_proj`` holds ``[q | gate]`` per
@@ -37,6 +38,7 @@ DELTANET_GROUPED = ("in_proj_qkvz.weight", "in_proj_ba.weight")  # Qwen3-Next: r
 DELTANET_QKV = ("in_proj_qkv.weight", "linear_attn.conv1d.weight")  # channels [q | k | v]
 ROW_SPLIT = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias",
              "gate_proj.weight", "up_proj.weight")
+ROW_PARALLEL_BIAS = ("o_proj.bias", "down_proj.bias", "out_proj.bias")  # of a row-parallel (all-reduced) output
 COLUMN_SPLIT = ("o_proj.weight", "down_proj.weight", "out_proj.weight")
 VOCAB_SPLIT = ("model.embed_tokens.weight", "lm_head.weight")
 
@@ -140,6 +142,10 @@ def read_sharded_checkpoint(folder: Path, config: ModelConfig, tp: TensorParalle
                 sl = handle.get_slice(name)
                 shape = tuple(int(x) for x in sl.get_shape())
                 where = shard_ranges(name, shape, config, tp)
+                if name.endswith(ROW_PARALLEL_BIAS):  # added once to the summed output: rank 0's, zeros elsewhere
+                    t = handle.get_tensor(name)
+                    tensors[name] = t if tp.rank == 0 else torch.zeros_like(t)
+                    continue
                 if where is None:
                     tensors[name] = handle.get_tensor(name)
                     continue

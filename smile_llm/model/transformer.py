@@ -132,12 +132,11 @@ class Transformer(nn.Module):
         is ``[B, 1, vocab]`` (a prefill needs the last prompt position's logits alone); ``hidden`` keeps every
         position. ``keep_states`` (a verify window on a hybrid model): ``ForwardOutput.states`` can ``rewind``."""
         valid = None if logit_cols is None else np.asarray(logit_cols, dtype=np.int64) + 1  # padding follows
+        ctx = self.context(pool, backend, start, tokens.shape[1], valid, keep_states)  # checks every input
         if self.leader is None:
-            return self.run(tokens, self.context(pool, backend, start, tokens.shape[1], valid, keep_states),
-                            logit_cols)
+            return self.run(tokens, ctx, logit_cols)
         with self.leader.forward(pool, tokens, start, logit_cols, keep_states):  # the followers run it too
-            return self.run(tokens, self.context(pool, backend, start, tokens.shape[1], valid, keep_states),
-                            logit_cols)
+            return self.run(tokens, ctx, logit_cols)
 
     def run(self, tokens: torch.Tensor, ctx: ForwardContext, logit_cols: np.ndarray | None = None) -> ForwardOutput:
         """The forward over a prepared context (CUDA-graph runners capture this with static buffers); commits the
@@ -174,15 +173,15 @@ class Transformer(nn.Module):
         RuntimeError without an MTP head."""
         if self.mtp is None:
             raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0); it cannot draft")
+        ctx = self.context(pool, backend, start, tokens.shape[1])  # checks every input
         if self.leader is not None:
             with self.leader.draft(pool, tokens, hidden, start, cols):  # the followers run it too
-                return self._draft(tokens, hidden, start, pool, backend, cols)
-        return self._draft(tokens, hidden, start, pool, backend, cols)
+                return self._draft(tokens, hidden, cols, ctx)
+        return self._draft(tokens, hidden, cols, ctx)
 
-    def _draft(self, tokens: torch.Tensor, hidden: torch.Tensor, start: np.ndarray, pool: KvCachePool,
-               backend: AttentionBackend, cols: np.ndarray | None) -> DraftOutput:
+    def _draft(self, tokens: torch.Tensor, hidden: torch.Tensor, cols: np.ndarray | None,
+               ctx: ForwardContext) -> DraftOutput:
         assert self.mtp is not None
-        ctx = self.context(pool, backend, start, tokens.shape[1])
         x = self.mtp.forward(self.embed(tokens), hidden, ctx)
         if cols is None or (cols == x.shape[1] - 1).all():
             last = x[:, -1]  # [B, D]

@@ -50,6 +50,17 @@ def test_tp2_equals_tp1_with_pools_in_lockstep(folder: Path, tmp_path: Path) -> 
     assert follower["plans"] == leader["plans_sent"] and leader["bytes_sent"] > 0
 
 
+def test_fewer_kv_heads_than_ranks_replicate_the_kv_head(tmp_path: Path) -> None:
+    """4 query heads, 1 KV head, 2 ranks: each rank keeps the one KV head (replicated) for its 2 query heads;
+    Qwen2's q/k/v biases are split with them."""
+    folder = build_mtp_model(tmp_path / "mqa", "qwen2", seed=4, num_key_value_heads=1)
+    leader, follower = run("greedy", folder, tmp_path)
+    assert "error" not in leader and "error" not in follower, leader.get("traceback") or follower.get("traceback")
+    tp, one = leader["tp"], leader["one"]
+    assert np.abs(np.array(tp["logits"]) - np.array(one["logits"])).max() < 2e-5  # float32 summation order
+    assert tp["tokens"] == one["tokens"] and tp["kv_heads"] == one["kv_heads"] == 1
+
+
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
 def test_hybrid_tp2_equals_tp1(family: str, hybrid_zoo, tmp_path: Path) -> None:  # noqa: F811 - the fixture
     """Qwen3.5 (DeltaNet 2 key / 4 value heads, gated attention) and Qwen3-Next (its MoE experts split too): each

@@ -153,6 +153,22 @@ def hybrid(rank: int, folder: Path, result: dict[str, Any]) -> None:
     _follow_or(rank, lm, result, lead)
 
 
+def greedy(rank: int, folder: Path, result: dict[str, Any]) -> None:
+    """Rank 0 records TP=size and TP=1 step-by-step logits and greedy tokens (digest check on)."""
+    lm = load(folder, dist.get_world_size(), lockstep_check=True)
+
+    def lead() -> None:
+        one = load(folder, 1)
+        for name, model in (("tp", lm), ("one", one)):
+            result[name] = {"logits": logits_of(model, PROMPTS[2], step_by_step=True),
+                            "tokens": model.generate(PROMPTS[0], 12, speculative_tokens=0).tokens,
+                            "kv_heads": model.pool.num_kv_heads}
+        one.close()
+        lm.close()
+
+    _follow_or(rank, lm, result, lead)
+
+
 def killed(rank: int, folder: Path, result: dict[str, Any]) -> None:
     """Rank 1 dies at its 5th forward (mid-request); rank 0's generate must raise within the timeout."""
     import time
@@ -190,4 +206,4 @@ def oversized(rank: int, folder: Path, result: dict[str, Any]) -> None:
 
 
 SCENARIOS: dict[str, Callable[[int, Path, dict[str, Any]], None]] = {
-    "parity": parity, "hybrid": hybrid, "killed": killed, "oversized": oversized}
+    "parity": parity, "hybrid": hybrid, "greedy": greedy, "killed": killed, "oversized": oversized}
