@@ -83,6 +83,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    """``smile-llm chat``: an interactive chat on a checkpoint with a chat template. Each line read from stdin is a
+    user turn; the assistant's reply streams to stdout; the conversation (and its KV, through the prefix cache)
+    carries over from turn to turn. An empty line or end of input ends it. Returns 0, or 2 (message on stderr) for a
+    model without a chat template."""
+    lm = _load(args.model, args.kind)
+    messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
+    try:
+        lm.encode_chat(messages + [{"role": "user", "content": "hi"}])
+    except ValueError as exc:
+        print(f"smile-llm chat: {exc}", file=sys.stderr)
+        return 2
+    kwargs = {"enable_thinking": False} if args.no_thinking else {}
+    while True:
+        print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line.strip():
+            return 0
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        try:
+            completion = lm.chat(messages, args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                                 listener=_Printer(), chat_template_kwargs=kwargs)
+        except ValueError as exc:
+            print(f"smile-llm chat: {exc}", file=sys.stderr)
+            messages.pop()
+            continue
+        messages.append({"role": "assistant", "content": completion.text})
+        print(f"\n[{completion.stats['cached_tokens']} of {completion.stats['prompt_tokens']} prompt tokens cached]")
+
+
 def cmd_cache_demo(args: argparse.Namespace) -> int:
     """``smile-llm cache-demo``: run ``demo.run_demo`` (a multi-turn chat through the KV pool alone). Returns 0."""
     from .demo import run_demo
@@ -135,6 +165,15 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (a tiny model loops greedily)")
     demo.add_argument("--seed", type=int, default=2)
     demo.set_defaults(run=cmd_demo)
+    chat = sub.add_parser("chat", help="an interactive chat on a checkpoint's chat template (stdin lines are turns)")
+    chat.add_argument("--model", help="a Hugging Face model folder with a chat template")
+    chat.add_argument("--kind", choices=("dense", "hybrid"), default="dense", help="which shipped model, without --model")
+    chat.add_argument("--system", default="", help="a system message")
+    chat.add_argument("--max-new-tokens", type=int, default=256)
+    chat.add_argument("--temperature", type=float, default=0.7)
+    chat.add_argument("--seed", type=int, default=0)
+    chat.add_argument("--no-thinking", action="store_true", help="render with enable_thinking=False")
+    chat.set_defaults(run=cmd_chat)
     cache = sub.add_parser("cache-demo", help="a multi-turn chat through the KV pool alone, showing prefix reuse")
     cache.add_argument("--turns", type=int, default=6)
     cache.add_argument("--seed", type=int, default=7)

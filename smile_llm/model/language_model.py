@@ -35,6 +35,7 @@ from .server import Server
 from .state_step import state_specs
 from .tokenizer import Tokenizer, load_tokenizer
 from .transformer import Transformer
+from .chat import CONFIG_FILE, TEMPLATE_FILE, ChatTemplate
 from .hybrid_layout import check_hybrid_checkpoint, to_module_names
 from .sharding import check_shardable, local_config, read_sharded_checkpoint
 from .weights import checkpoint_shapes, load_into, read_checkpoint
@@ -64,6 +65,8 @@ class LanguageModel:
                 self.decoder.verify_graphs = VerifyGraphRunner(transformer, pool)
         self.serving_engine: Any = None  # the InferenceEngine attached to this model, if any
         self.tp = TensorParallel(0, 1)  # this process's rank (tensor_parallel in from_pretrained)
+        self.chat_template: ChatTemplate | None = None  # the checkpoint's (from_pretrained), for chat / encode_chat
+        self.folder: Path | None = None  # the checkpoint folder (from_pretrained)
         self._server: Server | None = None
         self._server_lock = threading.Lock()
 
@@ -113,6 +116,7 @@ class LanguageModel:
                   tied=("lm_head.weight",) if config.tie_word_embeddings else ())
         transformer.to(device=device, dtype=dtype).eval()
         tokenizer = load_tokenizer(folder, config.eos_token_ids, config.vocab_size)
+        chat_template = ChatTemplate.from_folder(folder)
         seq = max_seq_len or min(config.max_position_embeddings, 4096)
         kv_layers = sum(1 for t in config.layer_types if t == FULL_ATTENTION)
         layout = KvCacheLayout(kv_layers, local.num_key_value_heads, config.head_dim, max_batch_size, seq)
@@ -131,6 +135,7 @@ class LanguageModel:
         lm = cls(config, transformer, tokenizer, pool, select_backend(device), seq,
                  cuda_graphs=cuda_graphs and not hybrid and tp.size == 1, draft_kv=draft_kv, drafter=drafter)
         lm.speculative_max_batch = speculative_max_batch
+        lm.chat_template, lm.folder = chat_template, folder
         if tp.size > 1:
             check = env.tp_check() if lockstep_check is None else bool(lockstep_check)
             lm._lockstep(tp, check)
@@ -279,6 +284,28 @@ class LanguageModel:
         params = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
                                 draft_sampling)
         return self.submit(prompt, params, listener=listener, cancel=cancel, on_round=on_round).result()
+
+    def encode_chat(self, messages: Sequence[Any], add_generation_prompt: bool = True,
+                    tools: Sequence[Any] | None = None, **template_vars: Any) -> list[int]:
+        """Token ids of a conversation rendered by the checkpoint's own chat template, exactly as transformers'
+        ``apply_chat_template(messages, add_generation_prompt=..., tools=..., tokenize=True, **template_vars)``
+        (e.g. ``enable_thinking=False``; see ``smile_llm.model.chat``). ValueError naming the message and field for a
+        malformed message, with the template's message when it rejects the conversation, or naming the files looked
+        for when the checkpoint has no template."""
+        if self.chat_template is None:
+            where = self.folder if self.folder is not None else "this model"
+            raise ValueError(f"{where} has no chat template: looked for {TEMPLATE_FILE} and 'chat_template' in "
+                             f"{CONFIG_FILE}; chat needs an instruct checkpoint's template")
+        return self.encode(self.chat_template.render(messages, add_generation_prompt, tools, **template_vars))
+
+    def chat(self, messages: Sequence[Any], max_new_tokens: int = 256, *, tools: Sequence[Any] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None, **generate_kwargs: Any) -> Completion:
+        """``generate`` on ``encode_chat(messages, add_generation_prompt=True, tools=tools,
+        **chat_template_kwargs)``: the assistant's next turn. ``generate_kwargs`` are ``generate``'s (sampling,
+        listener, stop, speculative_tokens, ...). A conversation that grows turn by turn reuses the earlier turns' KV
+        through the prefix cache. Errors as ``encode_chat`` and ``generate``."""
+        ids = self.encode_chat(messages, True, tools, **(chat_template_kwargs or {}))
+        return self.generate(ids, max_new_tokens, **generate_kwargs)
 
     def generate_batch(self, prompts: Iterable[str | Sequence[int]], max_new_tokens: int = 256, *,
                        temperature: float = 0.0, top_p: float = 1.0, logprobs: bool = False, seed: int = 0,
