@@ -227,11 +227,14 @@ class Decoder:
         sampled drafts: rejection sampling against the target's distributions."""
         d = drafts.tolist()
         first = seq.last_pos + 1  # window position j predicts the token at first + j
+        # the request's processors at every window position, as if the drafts before it were accepted
+        logits = seq.processed(logits, [seq.tokens + d[:j] for j in range(len(d) + 1)])
         if seq.temperature > 0 and seq.draft_sampling == "sample" and draft_probs is not None:
-            p = probabilities(logits, seq.temperature, seq.top_p)
+            p = probabilities(logits, seq.temperature, seq.top_p, seq.top_k, seq.min_p)
             return accept_rejection(d, draft_probs, p, seq.rng.at(first, seq.rng.ACCEPT))
         if seq.temperature == 0:
             return accept_greedy(d, logits.argmax(dim=-1).tolist())
         targets = [int(sample(logits[j : j + 1], seq.temperature, seq.top_p, seq.rng.at(first + j),
-                              with_logprobs=False)[0][0]) for j in range(len(d) + 1)]
+                              with_logprobs=False, top_k=seq.top_k, min_p=seq.min_p)[0][0])
+                   for j in range(len(d) + 1)]
         return accept_greedy(d, targets)

@@ -267,7 +267,7 @@ class LanguageModel:
                  top_p: float = 1.0, logprobs: bool = False, seed: int = 0, listener: Any = None,
                  cancel: Callable[[], bool] | None = None, stop: Any = None,
                  speculative_tokens: int | None = None, draft_sampling: str = "greedy",
-                 on_round: Callable[[Any], None] | None = None) -> Completion:
+                 on_round: Callable[[Any], None] | None = None, **processors: Any) -> Completion:
         """Generate up to ``max_new_tokens`` tokens after ``prompt`` (ids or text). Greedy at temperature 0, else
         nucleus sampling; a nonzero ``seed`` makes the output reproducible. Stops at an EOS or ``stop`` token or
         string (finish_reason "stop") or after ``max_new_tokens`` or at ``max_seq_len`` ("length"). ``cancel`` is
@@ -280,9 +280,12 @@ class LanguageModel:
         ``on_round`` receives each round's ``RoundRecord``. ``draft_sampling="greedy"`` (default) drafts the head's
         argmax and keeps a draft while the target samples the same token; ``"sample"`` samples MTP drafts and uses
         rejection sampling. Either way the output has the target's distribution, and at temperature 0 it equals
-        plain greedy decoding token for token."""
+        plain greedy decoding token for token.
+
+        ``processors``: ``top_k``, ``min_p``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
+        ``logit_bias``, ``min_new_tokens`` (see ``SamplingParams``); speculation stays lossless with them."""
         params = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
-                                draft_sampling)
+                                draft_sampling, **_processor_fields(processors))
         return self.submit(prompt, params, listener=listener, cancel=cancel, on_round=on_round).result()
 
     def encode_chat(self, messages: Sequence[Any], add_generation_prompt: bool = True,
@@ -310,14 +313,14 @@ class LanguageModel:
     def generate_batch(self, prompts: Iterable[str | Sequence[int]], max_new_tokens: int = 256, *,
                        temperature: float = 0.0, top_p: float = 1.0, logprobs: bool = False, seed: int = 0,
                        stop: Any = None, speculative_tokens: int | None = None,
-                       draft_sampling: str = "greedy") -> list[Completion]:
+                       draft_sampling: str = "greedy", **processors: Any) -> list[Completion]:
         """Generate for several prompts as one batch on the model's scheduler (prefix reuse included: prompts
         sharing an uncached prefix compute it once; short prompt remainders are prefilled together). Row i samples
         with seed ``seed + i`` (when seed is nonzero). Greedy results equal ``generate`` on each prompt. Every prompt
         is validated before any is queued; if one request fails, the others are cancelled and its error is
         raised."""
         base = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
-                              draft_sampling)
+                              draft_sampling, **_processor_fields(processors))
         requests = []
         for i, p in enumerate(prompts):
             row_seed = ((seed + i) % (1 << 64) or (1 << 62)) if seed else 0  # nonzero seeds stay nonzero per row
@@ -352,3 +355,15 @@ class LanguageModel:
             self.pool.close()
             if self.drafter is not None:
                 self.drafter.close()
+
+
+PROCESSOR_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
+                    "min_new_tokens")
+
+
+def _processor_fields(given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` if it names only ``SamplingParams``' processor fields; TypeError naming the first other one."""
+    unknown = [k for k in given if k not in PROCESSOR_FIELDS]
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}; sampling options are {PROCESSOR_FIELDS}")
+    return given

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .logits_processing import LogitsProcessing
+
 if TYPE_CHECKING:
     from .language_model import LanguageModel
     from .sequence import Completion
@@ -51,7 +53,10 @@ class SamplingParams:
     nondeterministic, any other seed in [-2**63, 2**64) reproducible (a negative seed is read as the unsigned
     64-bit value of the same bits, as a Java ``long``); ``logprobs`` returns the chosen tokens' logprobs;
     ``stop`` a token id, a string, or a list/tuple of those (EOS ids always stop); ``speculative_tokens`` None for the
-    model's default, 0 for plain decoding; ``draft_sampling`` "greedy" or "sample".
+    model's default, 0 for plain decoding; ``draft_sampling`` "greedy" or "sample". Sampling warpers (HF's):
+    ``top_k`` (0: off), ``min_p`` in [0, 1]; processors (``logits_processing``; greedy decoding honours them too):
+    ``repetition_penalty`` > 0 (HF), ``presence_penalty`` and ``frequency_penalty`` in [-2, 2] (OpenAI),
+    ``logit_bias`` (token id -> bias in [-100, 100]), ``min_new_tokens`` (EOS masked until then).
 
     Validated on construction: RequestTypeError (a TypeError and a ValueError) for a field of the wrong type,
     ValueError for a value out of range, both naming the field."""
@@ -64,6 +69,13 @@ class SamplingParams:
     stop: Any = None
     speculative_tokens: int | None = None
     draft_sampling: str = "greedy"
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Any = None
+    min_new_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens):
@@ -92,9 +104,42 @@ class SamplingParams:
                 raise ValueError(f"speculative_tokens must be None or an int >= 0, got {self.speculative_tokens}")
         if self.draft_sampling not in DRAFT_SAMPLING:
             raise ValueError(f'draft_sampling must be "greedy" or "sample", got {self.draft_sampling!r}')
+        self._check_processors()
         for entry in self.stop_entries():
             if not isinstance(entry, str) and not (_is_int(entry) and entry >= 0):
                 raise RequestTypeError(f"stop entries must be token ids (ints >= 0) or strings, got {entry!r}")
+
+    def _check_processors(self) -> None:
+        if not _is_int(self.top_k):
+            raise RequestTypeError(f"top_k must be an int, got {self.top_k!r}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+        for name, lo, hi, lo_open in (("min_p", 0.0, 1.0, False), ("repetition_penalty", 0.0, math.inf, True),
+                                      ("presence_penalty", -2.0, 2.0, False), ("frequency_penalty", -2.0, 2.0, False)):
+            value = getattr(self, name)
+            if not _is_number(value):
+                raise RequestTypeError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < lo or value > hi or (lo_open and value <= lo):
+                allowed = f"> {lo}" if lo_open else f"in [{lo}, {hi}]"
+                raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        if not _is_int(self.min_new_tokens):
+            raise RequestTypeError(f"min_new_tokens must be an int, got {self.min_new_tokens!r}")
+        if self.min_new_tokens < 0:
+            raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise RequestTypeError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+            for token, bias in self.logit_bias.items():
+                if not _is_int(token) or token < 0:
+                    raise ValueError(f"logit_bias keys must be token ids (ints >= 0), got {token!r}")
+                if not _is_number(bias) or not -100.0 <= bias <= 100.0:
+                    raise ValueError(f"logit_bias[{token}] must be a number in [-100, 100], got {bias!r}")
+
+    def processing(self, eos_ids: tuple[int, ...]) -> LogitsProcessing:
+        """The request's logits processors (``logits_processing``), with the model's EOS ids for ``min_new_tokens``."""
+        bias = tuple(sorted((int(t), float(b)) for t, b in (self.logit_bias or {}).items()))
+        return LogitsProcessing(float(self.repetition_penalty), float(self.presence_penalty),
+                                float(self.frequency_penalty), bias, int(self.min_new_tokens), eos_ids)
 
     def stop_entries(self) -> list[Any]:
         """``stop`` as a list (None: empty; a single id or string: one entry)."""
@@ -151,6 +196,10 @@ class Request:
                                  f"outside the vocabulary")
             else:
                 stop_ids.add(entry)
+        outside = [t for t in (params.logit_bias or {}) if t >= vocab]
+        if outside:
+            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}): got token id {outside[0]}, outside "
+                             f"the vocabulary")
         return cls(ids, params, min(params.max_new_tokens, model.max_seq_len - len(ids)), frozenset(stop_ids),
                    tuple(stop_texts), model.speculative_tokens_for(params.speculative_tokens), listener, cancel,
                    on_round)

@@ -1,5 +1,6 @@
-"""Next-token sampling: greedy at temperature 0, otherwise temperature-scaled nucleus (top-p) sampling from a
-seeded generator. Logprobs are of the chosen token under the model's raw distribution (before temperature)."""
+"""Next-token sampling: greedy at temperature 0, otherwise temperature-scaled sampling with top-k, nucleus (top-p)
+and min-p from a seeded generator. Logprobs are of the chosen token under the model's raw distribution (before
+the request's processors and temperature)."""
 
 from __future__ import annotations
 
@@ -30,12 +31,18 @@ class PositionalRng:
         return self._gen
 
 
-def probabilities(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """The distribution sampling draws from: ``softmax(logits / temperature)`` restricted to the smallest set of
-    most likely tokens whose mass reaches ``top_p`` (not renormalised; ``multinomial`` does not need it).
-    ``temperature`` must be > 0. ``[..., V]`` -> ``[..., V]``."""
+def probabilities(logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0,
+                  min_p: float = 0.0) -> torch.Tensor:
+    """The distribution sampling draws from, with Hugging Face's warpers in their order: ``softmax(logits /
+    temperature)`` over the ``top_k`` largest logits (0: all; ties with the k-th kept), restricted to the smallest
+    set of most likely tokens whose mass reaches ``top_p``, then without tokens less likely than ``min_p`` times the
+    most likely one (not renormalised; ``multinomial`` does not need it). ``temperature`` must be > 0.
+    ``[..., V]`` -> ``[..., V]``."""
     # shifted so the largest logit is 0: a tiny temperature sends the others to -inf, never to nan or +inf
     scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+    if 0 < top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
@@ -44,16 +51,22 @@ def probabilities(logits: torch.Tensor, temperature: float, top_p: float) -> tor
         drop[..., 0] = False  # the most likely token always stays (a top_p below float precision keeps just it)
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)  # keep the smallest set reaching top_p
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    if min_p > 0.0:
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
     return probs
 
 
 def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator,
-           with_logprobs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``logits`` float32 ``[B, V]`` -> (tokens int64 ``[B]``, logprobs float32 ``[B]`` or None)."""
+           with_logprobs: bool = True, top_k: int = 0, min_p: float = 0.0,
+           raw: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``logits`` float32 ``[B, V]`` (processed, see ``logits_processing``) -> (tokens int64 ``[B]``, logprobs float32
+    ``[B]`` or None). Logprobs are under ``raw`` (the model's logits before processing; default ``logits``)."""
     if temperature == 0.0:
         tokens = logits.argmax(dim=-1)
     else:
-        tokens = torch.multinomial(probabilities(logits, temperature, top_p), 1, generator=generator).squeeze(-1)
+        tokens = torch.multinomial(probabilities(logits, temperature, top_p, top_k, min_p), 1,
+                                   generator=generator).squeeze(-1)
     if not with_logprobs:
         return tokens, None
-    return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    source = logits if raw is None else raw
+    return tokens, torch.log_softmax(source, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)

@@ -50,6 +50,8 @@ class Sequence:
         self.capacity = capacity  # the bound KV capacity: positions stay below it (grows as pages are added)
         self.request_id = request_id
         self.temperature, self.top_p = float(p.temperature), float(p.top_p)
+        self.top_k, self.min_p = int(p.top_k), float(p.min_p)
+        self.processing = p.processing(tuple(model.config.eos_token_ids))  # applied before any choice of a token
         self.rng = PositionalRng(p.seed, model.pool.device)  # the draw for a position depends on (seed, position)
         self.listener = request.listener
         self.stop_ids, self.stop_texts = request.stop_ids, request.stop_texts
@@ -135,10 +137,19 @@ class Sequence:
     def take_next(self) -> bool:
         """Sample the next token from the last logits and append it; True when the sequence has finished."""
         assert self.logits is not None
-        token_t, logprob_t = sample(self.logits, self.temperature, self.top_p,
+        logits = self.processed(self.logits, [self.tokens])
+        token_t, logprob_t = sample(logits, self.temperature, self.top_p,
                                     self.rng.at(len(self.prompt) + len(self.tokens)),
-                                    with_logprobs=self.logprobs is not None)
+                                    with_logprobs=self.logprobs is not None, top_k=self.top_k, min_p=self.min_p,
+                                    raw=self.logits)
         return self.push(int(token_t[0]), float(logprob_t[0]) if logprob_t is not None else None)
+
+    def processed(self, logits: torch.Tensor, generated: list[list[int]]) -> torch.Tensor:
+        """``logits`` ``[N, V]`` after the request's processors, row i having generated ``generated[i]`` (the
+        logits themselves when no processor is on)."""
+        if not self.processing.active:
+            return logits
+        return self.processing.apply(logits, self.prompt, generated)
 
     def push(self, token: int, logprob: float | None = None) -> bool:
         """Append ``token`` (stream it, check stops and the limit); True when the sequence has finished."""

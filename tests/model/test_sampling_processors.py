@@ -1,0 +1,122 @@
+"""The sampling surface beyond temperature and top-p: each processor and warper equals Hugging Face's on the same
+logits, greedy and seeded speculative decoding stay equal to plain decoding with them on (the default model's real
+MTP drafts), ``min_new_tokens`` holds EOS back, and bad values are refused by name with nothing bound."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from smile_llm import LanguageModel
+from smile_llm.model.logits_processing import LogitsProcessing
+from smile_llm.model.sampling import probabilities
+
+V = 50
+PROMPT = [3, 7, 7, 11, 2]
+GENERATED = [[], [4], [4, 9, 4], [7, 7, 7, 1]]
+
+
+@pytest.fixture(scope="module")
+def logits() -> torch.Tensor:
+    return torch.randn(len(GENERATED), V, generator=torch.Generator().manual_seed(3)) * 3
+
+
+@pytest.fixture(scope="module")
+def hf():
+    return pytest.importorskip("transformers")
+
+
+def hf_ids(row: int) -> torch.Tensor:
+    return torch.tensor([PROMPT + GENERATED[row]])
+
+
+@pytest.mark.parametrize("penalty", [0.7, 1.3])
+def test_repetition_penalty_equals_transformers(logits, hf, penalty) -> None:
+    got = LogitsProcessing(repetition_penalty=penalty).apply(logits, PROMPT, GENERATED)
+    proc = hf.RepetitionPenaltyLogitsProcessor(penalty)
+    for row in range(len(GENERATED)):
+        assert torch.equal(got[row], proc(hf_ids(row), logits[row : row + 1].clone())[0])
+
+
+def test_min_new_tokens_and_logit_bias_equal_transformers(logits, hf) -> None:
+    got = LogitsProcessing(min_new_tokens=3, eos_ids=(1, 5), logit_bias=((4, 2.5), (9, -1.0))).apply(
+        logits, PROMPT, GENERATED)
+    min_new = hf.MinNewTokensLengthLogitsProcessor(len(PROMPT), 3, [1, 5])
+    bias = hf.SequenceBiasLogitsProcessor({(4,): 2.5, (9,): -1.0})
+    for row in range(len(GENERATED)):
+        want = bias(hf_ids(row), min_new(hf_ids(row), logits[row : row + 1].clone()))
+        assert torch.equal(got[row], want[0])
+
+
+def test_presence_and_frequency_penalties_follow_openai(logits) -> None:
+    got = LogitsProcessing(presence_penalty=0.5, frequency_penalty=0.25).apply(logits, PROMPT, GENERATED)
+    for row, gen in enumerate(GENERATED):
+        want = logits[row].clone()
+        for token in set(gen):
+            want[token] -= 0.5 + 0.25 * gen.count(token)  # output tokens only: the prompt's repeats cost nothing
+        assert torch.allclose(got[row], want, atol=1e-6)
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p, min_p", [(0.7, 5, 1.0, 0.0), (1.3, 0, 0.8, 0.0),
+                                                              (1.0, 0, 1.0, 0.2), (0.9, 8, 0.9, 0.05)])
+def test_warpers_equal_transformers(logits, hf, temperature, top_k, top_p, min_p) -> None:
+    warpers = [hf.TemperatureLogitsWarper(temperature)]
+    warpers += [hf.TopKLogitsWarper(top_k)] if top_k else []
+    warpers += [hf.TopPLogitsWarper(top_p)] if top_p < 1 else []
+    warpers += [hf.MinPLogitsWarper(min_p)] if min_p else []
+    for row in range(len(GENERATED)):
+        scores = logits[row : row + 1].clone()
+        for w in warpers:
+            scores = w(hf_ids(row), scores)
+        want = torch.softmax(scores, dim=-1)[0]
+        got = probabilities(logits[row], temperature, top_p, top_k, min_p)
+        got = got / got.sum()
+        assert torch.equal(got > 0, want > 0), row
+        assert torch.allclose(got, want, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def lm() -> LanguageModel:
+    return LanguageModel.default(max_seq_len=512)
+
+
+OPTIONS = [{"repetition_penalty": 1.3}, {"presence_penalty": 0.8, "frequency_penalty": 0.4},
+           {"logit_bias": {ord("e"): 3.0, ord(" "): -2.0}, "min_new_tokens": 30}]
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_speculation_stays_lossless_with_processors(lm, options) -> None:
+    plain = lm.generate("def main(argv):\n", 40, speculative_tokens=0, **options)
+    spec = lm.generate("def main(argv):\n", 40, speculative_tokens=3, **options)
+    assert spec.tokens == plain.tokens and spec.stats["speculative_rounds"] > 0
+    assert plain.tokens != lm.generate("def main(argv):\n", 40, speculative_tokens=0).tokens  # they do something
+
+
+def test_seeded_sampling_with_warpers_is_the_same_plain_or_speculative(lm) -> None:
+    kwargs = {"temperature": 0.9, "seed": 11, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1}
+    plain = lm.generate("import os\n", 40, speculative_tokens=0, **kwargs)
+    spec = lm.generate("import os\n", 40, speculative_tokens=3, **kwargs)
+    assert spec.tokens == plain.tokens and spec.stats["speculative_rounds"] > 0
+
+
+def test_min_new_tokens_holds_eos_back(lm) -> None:
+    eos = lm.config.eos_token_ids[0]
+    forced = lm.generate("import os\n", 20, logit_bias={eos: 100.0})
+    assert forced.tokens == [] and forced.finish_reason == "stop"
+    held = lm.generate("import os\n", 20, logit_bias={eos: 100.0}, min_new_tokens=6)
+    assert len(held.tokens) == 6 and held.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"top_k": -1}, "top_k must be >= 0"), ({"top_k": 2.5}, "top_k must be an int"),
+    ({"min_p": 1.5}, r"min_p must be in \[0.0, 1.0\]"), ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
+    ({"presence_penalty": 3.0}, r"presence_penalty must be in \[-2.0, 2.0\]"),
+    ({"frequency_penalty": float("nan")}, "frequency_penalty"), ({"min_new_tokens": -1}, "min_new_tokens must be >= 0"),
+    ({"logit_bias": {-1: 1.0}}, "logit_bias keys"), ({"logit_bias": {3: 500.0}}, r"logit_bias\[3\]"),
+    ({"logit_bias": {10_000: 1.0}}, "outside the vocabulary"), ({"logit_bias": [1]}, "logit_bias must be a dict"),
+    ({"top_q": 1}, "unexpected keyword argument 'top_q'"),
+])
+def test_bad_values_are_refused_by_name(lm, options, match) -> None:
+    with pytest.raises((ValueError, TypeError), match=match):
+        lm.generate("import os\n", 4, **options)
+    assert lm.pool.bound_request_count == 0
