@@ -228,7 +228,7 @@ class Decoder:
         d = drafts.tolist()
         first = seq.last_pos + 1  # window position j predicts the token at first + j
         # the request's processors at every window position, as if the drafts before it were accepted
-        logits = seq.processed(logits, [seq.tokens + d[:j] for j in range(len(d) + 1)])
+        logits = seq.processed(logits, [d[:j] for j in range(len(d) + 1)])
         if seq.temperature > 0 and seq.draft_sampling == "sample" and draft_probs is not None:
             p = probabilities(logits, seq.temperature, seq.top_p, seq.top_k, seq.min_p)
             return accept_rejection(d, draft_probs, p, seq.rng.at(first, seq.rng.ACCEPT))

@@ -42,24 +42,60 @@ class LogitsProcessing:
 
     def apply(self, logits: torch.Tensor, prompt: Sequence[int], generated: Sequence[Sequence[int]]) -> torch.Tensor:
         """Processed float32 logits ``[N, V]`` (a new tensor); row i has seen ``prompt`` then ``generated[i]``."""
+        history = TokenHistory(prompt, logits.shape[-1], logits.device)
+        seen, counts = history.rows([list(g) for g in generated])
+        return self.apply_counts(logits, seen, counts, [len(g) for g in generated])
+
+    def apply_counts(self, logits: torch.Tensor, seen: torch.Tensor, counts: torch.Tensor,
+                     generated_len: Sequence[int]) -> torch.Tensor:
+        """``apply`` from the rows' token statistics: ``seen`` bool ``[N, V]`` (in the prompt or the output),
+        ``counts`` float32 ``[N, V]`` (occurrences in the output), ``generated_len[i]`` output tokens of row i."""
         out = logits.float().clone()
+        if self.repetition_penalty != 1.0:
+            penalised = torch.where(out < 0, out * self.repetition_penalty, out / self.repetition_penalty)
+            out = torch.where(seen, penalised, out)
+        if self.presence_penalty or self.frequency_penalty:
+            out -= self.frequency_penalty * counts + self.presence_penalty * (counts > 0).to(out.dtype)
         vocab = out.shape[-1]
-        for i, gen in enumerate(generated):
-            row = out[i]
-            if self.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted({*prompt, *gen}), dtype=torch.int64, device=row.device)
-                seen = seen[seen < vocab]
-                score = row[seen]
-                row[seen] = torch.where(score < 0, score * self.repetition_penalty, score / self.repetition_penalty)
-            if (self.presence_penalty or self.frequency_penalty) and len(gen):
-                ids = torch.tensor(list(gen), dtype=torch.int64, device=row.device)
-                counts = torch.bincount(ids[ids < vocab], minlength=vocab).to(row.dtype)
-                row -= self.frequency_penalty * counts + self.presence_penalty * (counts > 0).to(row.dtype)
-            for token, bias in self.logit_bias:
-                if token < vocab:
-                    row[token] += bias
-            if len(gen) < self.min_new_tokens:
-                for eos in self.eos_ids:
-                    if eos < vocab:
-                        row[eos] = float("-inf")
+        for token, bias in self.logit_bias:
+            if token < vocab:
+                out[:, token] += bias
+        if self.min_new_tokens and self.eos_ids:
+            short = torch.tensor([n < self.min_new_tokens for n in generated_len], device=out.device)
+            eos = [e for e in self.eos_ids if e < vocab]
+            if eos and bool(short.any()):
+                out[short.nonzero().squeeze(-1)[:, None], torch.tensor(eos, device=out.device)] = float("-inf")
         return out
+
+
+class TokenHistory:
+    """A request's token statistics for the processors, kept up to date as tokens are appended (``push``), so a
+    step costs O(vocab) tensor work, not a pass over the whole history: ``seen`` bool ``[V]`` (prompt or output)
+    and ``counts`` float32 ``[V]`` (output occurrences)."""
+
+    def __init__(self, prompt: Sequence[int], vocab: int, device: torch.device) -> None:
+        self.vocab = vocab
+        self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+        ids = torch.tensor([t for t in prompt if 0 <= t < vocab], dtype=torch.int64, device=device)
+        self.seen[ids] = True
+        self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)
+        self.length = 0
+
+    def push(self, token: int) -> None:
+        """Record one output token."""
+        self.length += 1
+        if 0 <= token < self.vocab:
+            self.seen[token] = True
+            self.counts[token] += 1
+
+    def rows(self, extra: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(seen, counts)`` ``[N, V]``: row i as if ``extra[i]`` were appended to the output."""
+        n = len(extra)
+        seen = self.seen.expand(n, -1).clone()
+        counts = self.counts.expand(n, -1).clone()
+        for i, tokens in enumerate(extra):
+            for t in tokens:
+                if 0 <= t < self.vocab:
+                    seen[i, t] = True
+                    counts[i, t] += 1
+        return seen, counts

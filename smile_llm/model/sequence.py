@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .logits_processing import TokenHistory
 from .sampling import PositionalRng, sample
 from .tokenizer import StreamDecoder
 
@@ -52,6 +53,7 @@ class Sequence:
         self.temperature, self.top_p = float(p.temperature), float(p.top_p)
         self.top_k, self.min_p = int(p.top_k), float(p.min_p)
         self.processing = p.processing(tuple(model.config.eos_token_ids))  # applied before any choice of a token
+        self._history: TokenHistory | None = None  # the processors' token statistics, once a processor needs them
         self.rng = PositionalRng(p.seed, model.pool.device)  # the draw for a position depends on (seed, position)
         self.listener = request.listener
         self.stop_ids, self.stop_texts = request.stop_ids, request.stop_texts
@@ -137,19 +139,24 @@ class Sequence:
     def take_next(self) -> bool:
         """Sample the next token from the last logits and append it; True when the sequence has finished."""
         assert self.logits is not None
-        logits = self.processed(self.logits, [self.tokens])
+        logits = self.processed(self.logits, [[]])
         token_t, logprob_t = sample(logits, self.temperature, self.top_p,
                                     self.rng.at(len(self.prompt) + len(self.tokens)),
                                     with_logprobs=self.logprobs is not None, top_k=self.top_k, min_p=self.min_p,
                                     raw=self.logits)
         return self.push(int(token_t[0]), float(logprob_t[0]) if logprob_t is not None else None)
 
-    def processed(self, logits: torch.Tensor, generated: list[list[int]]) -> torch.Tensor:
-        """``logits`` ``[N, V]`` after the request's processors, row i having generated ``generated[i]`` (the
-        logits themselves when no processor is on)."""
+    def processed(self, logits: torch.Tensor, extra: list[list[int]]) -> torch.Tensor:
+        """``logits`` ``[N, V]`` after the request's processors, row i having generated ``tokens`` then
+        ``extra[i]`` (a verify window's drafts before it); the logits themselves when no processor is on."""
         if not self.processing.active:
             return logits
-        return self.processing.apply(logits, self.prompt, generated)
+        if self._history is None:  # built once, then kept up to date by push
+            self._history = TokenHistory(self.prompt, logits.shape[-1], logits.device)
+            for t in self.tokens:
+                self._history.push(t)
+        seen, counts = self._history.rows(extra)
+        return self.processing.apply_counts(logits, seen, counts, [len(self.tokens) + len(e) for e in extra])
 
     def push(self, token: int, logprob: float | None = None) -> bool:
         """Append ``token`` (stream it, check stops and the limit); True when the sequence has finished."""
@@ -157,6 +164,8 @@ class Sequence:
             self.finish_reason = "stop"
             return self._finish()
         self.tokens.append(token)
+        if self._history is not None:
+            self._history.push(token)
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
         self.notify("on_generated_tokens", 1)
