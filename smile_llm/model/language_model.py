@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import warnings
 from dataclasses import replace
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,9 @@ from .config_hybrid import FULL_ATTENTION
 from .decoder import Decoder
 from .drafters import Drafter, build_drafter
 from .request import GenerationCancelled, Request, RequestHandle, SamplingParams
+from . import streaming
 from .sequence import Completion
+from .streaming import StreamChunk
 from .server import Server
 from .state_step import state_specs
 from .tokenizer import Tokenizer, load_tokenizer
@@ -309,6 +311,35 @@ class LanguageModel:
         through the prefix cache. Errors as ``encode_chat`` and ``generate``."""
         ids = self.encode_chat(messages, True, tools, **(chat_template_kwargs or {}))
         return self.generate(ids, max_new_tokens, **generate_kwargs)
+
+    def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, **generate_kwargs: Any
+               ) -> Iterator[StreamChunk]:
+        """``generate`` as an iterator of ``StreamChunk`` (new text and token ids) while the tokens are accepted; the
+        model advances on a background driver meanwhile. Leaving the loop early cancels the request and releases
+        its KV. ``generate_kwargs`` as ``generate``'s (not ``listener`` or ``on_round``); bad input raises at the
+        call, before anything is queued; the request's own error is raised by the iteration."""
+        submit = self._stream_submit(prompt, max_new_tokens, generate_kwargs)
+        return streaming.stream(submit, self.server.serve_until_idle)
+
+    def astream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, **generate_kwargs: Any
+                ) -> AsyncIterator[StreamChunk]:
+        """``stream`` for asyncio (``async for chunk in lm.astream(...)``); cancelling the task or leaving the loop
+        cancels the request."""
+        submit = self._stream_submit(prompt, max_new_tokens, generate_kwargs)
+        return streaming.astream(submit, self.server.serve_until_idle)
+
+    def _stream_submit(self, prompt: str | Sequence[int], max_new_tokens: int,
+                       kwargs: dict[str, Any]) -> Callable[[Any], RequestHandle]:
+        """Validate now (a bad field raises here) and return how to queue the request with a listener."""
+        fields = dict(kwargs)
+        cancel = fields.pop("cancel", None)
+        params = SamplingParams(max_new_tokens, fields.pop("temperature", 0.0), fields.pop("top_p", 1.0),
+                                fields.pop("seed", 0), fields.pop("logprobs", False), fields.pop("stop", None),
+                                fields.pop("speculative_tokens", None), fields.pop("draft_sampling", "greedy"),
+                                **_processor_fields(fields))
+        request = Request.create(self, prompt, params, cancel=cancel)
+        return lambda listener: self.server.submit(Request.create(self, request.prompt, params, listener=listener,
+                                                                  cancel=cancel))
 
     def generate_batch(self, prompts: Iterable[str | Sequence[int]], max_new_tokens: int = 256, *,
                        temperature: float = 0.0, top_p: float = 1.0, logprobs: bool = False, seed: int = 0,

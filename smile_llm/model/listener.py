@@ -25,6 +25,10 @@ class GenerationListener:
         """Reserved (Smile's name); never called."""
         ...
 
+    def on_token(self, token_id: int) -> None:
+        """Called with each generated token's id, before its text (a Python extension of Smile's interface)."""
+        ...
+
     def on_text(self, chunk: str) -> None:
         """Called with each new piece of decoded text (never empty; a UTF-8 character is never split)."""
         ...

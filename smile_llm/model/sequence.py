@@ -166,6 +166,7 @@ class Sequence:
         self.tokens.append(token)
         if self._history is not None:
             self._history.push(token)
+        self.notify("on_token", token)
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
         self.notify("on_generated_tokens", 1)
