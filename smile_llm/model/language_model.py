@@ -79,7 +79,9 @@ class LanguageModel:
                         max_seq_len: int | None = None, cuda_graphs: bool = True,
                         draft_kv: str = "history", speculative_max_batch: int | None = None,
                         drafter: str | Drafter | None = "mtp", state_snapshots: int | None = None,
-                        tensor_parallel: int = 1, lockstep_check: bool | None = None) -> LanguageModel:
+                        tensor_parallel: int = 1, lockstep_check: bool | None = None,
+                        kv_dtype: str | torch.dtype | None = None,
+                        kv_scales: tuple[float, float] | None = None) -> LanguageModel:
         """Load ``config.json``, ``*.safetensors`` (sharded too) and the tokenizer from ``path``; size a KV pool
         for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's context, at most 4096).
         ``cuda_graphs``: replay decode and verify forwards from CUDA graphs on CUDA with FlashInfer (no effect
@@ -97,7 +99,12 @@ class LanguageModel:
         that serves exactly as on one device, the other ranks a model whose ``follow()`` replays rank 0's plan until
         rank 0 closes. ValueError at load, with the reason, when N does not split the heads or the MLP or differs
         from the number of processes. ``lockstep_check`` (default: ``SMILE_TP_CHECK=1``) compares every rank's pool
-        digest with rank 0's before each forward."""
+        digest with rank 0's before each forward.
+
+        ``kv_dtype``: the KV pools' storage, ``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"bfloat16"``, ``"float16"``,
+        ``"float32"`` or a torch dtype (default: the model's ``dtype``); FP8 stores ``K / k_scale`` and ``V / v_scale``
+        (``kv_scales``, default 1.0 each) and reads them back in the compute dtype (quality cost measured in
+        ``benchmarks/kv_dtype.py``). ValueError for another name, or scales without FP8."""
         folder = Path(path)
         config = ModelConfig.from_pretrained(folder)
         device = torch.device(device)
@@ -125,13 +132,20 @@ class LanguageModel:
         # Smile's order: the DeltaNet state pool first, so the KV pool is sized from the memory left after it
         snapshots = 2 * max_batch_size if state_snapshots is None else state_snapshots
         states = StatePool(state_specs(local, dtype), max_batch_size, device, snapshots) if hybrid else None
-        pool = KvCachePool.allocate(layout, device, dtype, mem_fraction or 0.85, page_size)
+        storage = kv_storage_dtype(kv_dtype, dtype)
+        if kv_scales is not None and storage not in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise ValueError(f"kv_scales apply to FP8 KV only; kv_dtype is {storage}")
+        pool = KvCachePool.allocate(layout, device, storage, mem_fraction or 0.85, page_size)
+        if kv_scales is not None:
+            pool.set_kv_scales(*kv_scales)
         if tp.size > 1:  # every rank's pool the same size (sized from each device's free memory on CUDA)
             slots = min(tp.all_gather_object(pool.num_slots))
             if slots != pool.num_slots:
                 pool.close()
                 pool = KvCachePool(layout.num_layers, slots, layout.num_kv_heads, layout.head_dim, page_size, device,
-                                   dtype)
+                                   storage)
+                if kv_scales is not None:
+                    pool.set_kv_scales(*kv_scales)
         if states is not None:
             pool.attach_state(states)  # a prefix hit then ends at a node with a state snapshot, restored on bind
         lm = cls(config, transformer, tokenizer, pool, select_backend(device), seq,
@@ -398,3 +412,20 @@ def _processor_fields(given: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise TypeError(f"unexpected keyword argument {unknown[0]!r}; sampling options are {PROCESSOR_FIELDS}")
     return given
+
+
+KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2, "bfloat16": torch.bfloat16,
+             "float16": torch.float16, "float32": torch.float32}
+
+
+def kv_storage_dtype(kv_dtype: str | torch.dtype | None, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV storage dtype ``from_pretrained``'s ``kv_dtype`` names (None: the model's dtype). ValueError naming the
+    allowed names otherwise."""
+    if kv_dtype is None:
+        return model_dtype
+    if isinstance(kv_dtype, torch.dtype):
+        if kv_dtype in KV_DTYPES.values():
+            return kv_dtype
+    elif kv_dtype in KV_DTYPES:
+        return KV_DTYPES[kv_dtype]
+    raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPES)} (or that torch dtype), got {kv_dtype!r}")
