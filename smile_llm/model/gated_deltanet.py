@@ -82,7 +82,8 @@ class GatedDeltaNet(PreparedModule):
         new_conv = conv.final_state if real is None else states.conv_state_at_ends(conv_state, mixed)
         if states.capture_inside:  # a prefix snapshot inside the window: run the rule up to it, then on from it
             assert states.capture_at is not None
-            output, boundary, final = self._rule_split_at(q, k, v, g, beta, recurrent_state, states.capture_at, real)
+            output, boundary, final = self._rule_split_at(q, k, v, g, beta, recurrent_state, states.capture_at, real,
+                                                          states.capture_span)
             states.capture(self.linear_layer, conv_state_after(conv_state, mixed, states.capture_at), boundary)
         else:
             rule = gated_delta_rule(q, k, v, g, beta, initial_state=recurrent_state, output_final_state=True,
@@ -100,15 +101,15 @@ class GatedDeltaNet(PreparedModule):
 
     @staticmethod
     def _rule_split_at(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                       initial: torch.Tensor, split: torch.Tensor,
-                       real: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       initial: torch.Tensor, split: torch.Tensor, real: torch.Tensor | None,
+                       span: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The gated delta rule over the window with row b's state also taken after its first ``split[b]``
         positions: (output, state at the split, final state). Two runs: the first over positions ``[0, max split)``
         with each row's positions from its split on masked, the second from the first's final state over ``[min
         split, S)`` with each row's positions before its split masked (``g = 0``, ``beta = 0`` keep the memory
         unchanged). A single row (or rows split alike) computes each position once; each position's output comes
         from the run that holds it."""
-        lo, hi = int(split.min()), int(split.max())
+        lo, hi = span if span is not None else (int(split.min()), int(split.max()))  # ``span``: known on the host
         before = torch.arange(q.shape[1], device=q.device)[None, :] < split[:, None]  # [B, S]
         after = ~before if real is None else ~before & real
 

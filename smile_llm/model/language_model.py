@@ -344,16 +344,12 @@ class LanguageModel:
 
     def _stream_submit(self, prompt: str | Sequence[int], max_new_tokens: int,
                        kwargs: dict[str, Any]) -> Callable[[Any], RequestHandle]:
-        """Validate now (a bad field raises here) and return how to queue the request with a listener."""
+        """Validate now (a bad field raises here, nothing queued) and return how to queue that one request with the
+        stream's listener."""
         fields = dict(kwargs)
         cancel = fields.pop("cancel", None)
-        params = SamplingParams(max_new_tokens, fields.pop("temperature", 0.0), fields.pop("top_p", 1.0),
-                                fields.pop("seed", 0), fields.pop("logprobs", False), fields.pop("stop", None),
-                                fields.pop("speculative_tokens", None), fields.pop("draft_sampling", "greedy"),
-                                **_processor_fields(fields))
-        request = Request.create(self, prompt, params, cancel=cancel)
-        return lambda listener: self.server.submit(Request.create(self, request.prompt, params, listener=listener,
-                                                                  cancel=cancel))
+        request = Request.create(self, prompt, SamplingParams(max_new_tokens, **fields), cancel=cancel)
+        return lambda listener: self.server.submit(replace(request, listener=listener))
 
     def generate_batch(self, prompts: Iterable[str | Sequence[int]], max_new_tokens: int = 256, *,
                        temperature: float = 0.0, top_p: float = 1.0, logprobs: bool = False, seed: int = 0,

@@ -57,14 +57,13 @@ class LogitsProcessing:
         if self.presence_penalty or self.frequency_penalty:
             out -= self.frequency_penalty * counts + self.presence_penalty * (counts > 0).to(out.dtype)
         vocab = out.shape[-1]
-        for token, bias in self.logit_bias:
-            if token < vocab:
-                out[:, token] += bias
-        if self.min_new_tokens and self.eos_ids:
-            short = torch.tensor([n < self.min_new_tokens for n in generated_len], device=out.device)
-            eos = [e for e in self.eos_ids if e < vocab]
-            if eos and bool(short.any()):
-                out[short.nonzero().squeeze(-1)[:, None], torch.tensor(eos, device=out.device)] = float("-inf")
+        if self.logit_bias:  # one indexed add for every listed token (ids are checked against the vocabulary)
+            ids = torch.tensor([t for t, _ in self.logit_bias], dtype=torch.int64, device=out.device)
+            out[:, ids] += torch.tensor([b for _, b in self.logit_bias], dtype=out.dtype, device=out.device)
+        short = [i for i, n in enumerate(generated_len) if n < self.min_new_tokens]
+        eos = [e for e in self.eos_ids if e < vocab]
+        if short and eos:
+            out[torch.tensor(short, device=out.device)[:, None], torch.tensor(eos, device=out.device)] = float("-inf")
         return out
 
 

@@ -60,6 +60,7 @@ class StateStep:
         self.capture_rows: torch.Tensor | None = None
         self.capture_at: torch.Tensor | None = None  # int64 [B]: 0 for rows taking none
         self.capture_inside = False  # some row's boundary lies before its window's end (two masked rule runs)
+        self.capture_span = (0, 0)  # min and max of capture_at, on the host (no device sync per layer)
         self._capture_slots: torch.Tensor | None = None
         if states.snapshot_capacity and not keep_positions:
             ends = start + (np.full(len(start), seqlen) if self.valid is None else self.valid)
@@ -83,6 +84,7 @@ class StateStep:
             self.capture_at = torch.from_numpy(at).to(device)
             self._capture_slots = torch.tensor(slots, dtype=torch.int64, device=device)
             self.capture_inside = bool((at[rows] < (ends - self.start)[rows]).any())
+            self.capture_span = (int(at.min()), int(at.max()))
         return rows
 
     def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
