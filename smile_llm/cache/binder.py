@@ -60,12 +60,12 @@ class Binder:
         """Pages obtainable now: free plus evictable."""
         return self.pages.free_pages + self.radix.evictable_size // self.page_size
 
-    def plan(self, prompt: np.ndarray, release: Sequence[Binding]) -> tuple[int, int]:
+    def plan(self, prompt: np.ndarray, release: Sequence[Binding], reuse: bool = True) -> tuple[int, int]:
         """``(matched_len, available_pages)`` for binding ``prompt`` after releasing ``release``: the would-be
-        match (Fix: capped at ``floor_page(len(prompt) - 1)``, never the last prompt token) and the free plus
-        evictable pages once ``release`` is gone and that match is locked."""
+        match (Fix: capped at ``floor_page(len(prompt) - 1)``, never the last prompt token; none unless ``reuse``)
+        and the free plus evictable pages once ``release`` is gone and that match is locked."""
         segments: list[PathSegment] = []
-        if self.prefix_reuse and len(prompt) > 1:
+        if self.prefix_reuse and reuse and len(prompt) > 1:
             cap = floor_page(len(prompt) - 1, self.page_size)
             segments = self.restorable(self.radix.peek_prefix(prompt[:cap], PREFIX_NAMESPACE))
         freed = sum(len(b.private_pages(self.page_size)) for b in release if b.offload is None)

@@ -275,10 +275,11 @@ class KvCachePool:
     # ------------------------------------------------------------------ binding verbs (API.md 3.1)
     @_locked
     @_journaled
-    def bind_request(self, prompt_tokens: Any, total_capacity: int) -> int:
+    def bind_request(self, prompt_tokens: Any, total_capacity: int, *, reuse_prefix: bool = True) -> int:
         """Bind one request for continuous batching; returns its id (positive, never reused).
 
-        Releases bindings made by the exclusive verbs first, matches the prompt (capped below its last token),
+        Releases bindings made by the exclusive verbs first, matches the prompt (capped below its last token; no
+        match with ``reuse_prefix=False``, for a request that must compute its whole prompt),
         locks the match and takes private pages for the page-aligned capacity, evicting unlocked tree pages only as
         far as needed. Raises ValueError if the prompt is longer than ``total_capacity`` and KvCacheExhaustedError
         if the full capacity cannot be had; either way nothing changes. The only binding becomes the active step."""
@@ -287,7 +288,7 @@ class KvCachePool:
         if len(prompt) > total_capacity:
             raise ValueError(f"prompt of {len(prompt)} tokens is longer than total_capacity {total_capacity}")
         release = [b for b in self._table if b.exclusive]
-        matched, available = self._binder.plan(prompt, release)
+        matched, available = self._binder.plan(prompt, release, reuse_prefix)
         need = want - matched // self._page_size
         if need > available:
             raise KvCacheExhaustedError(

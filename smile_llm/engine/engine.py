@@ -17,6 +17,7 @@ from typing import Any
 from ..model.decoder import PREFILL_CHUNK
 from ..model.language_model import LanguageModel
 from ..model.request import EngineShutdownError, Request, RequestHandle, SamplingParams
+from ..model.samples import SampleGroup
 from ..model.scheduler import DEFAULT_MAX_RUNNING, Scheduler
 from ..model.sequence import Completion
 
@@ -49,7 +50,7 @@ class InferenceEngine:
         sched = self.server.scheduler
         sched.max_running, sched.prefill_tokens_per_step = max_batch_size, prefill_tokens_per_step
         self._lock = threading.Lock()
-        self._handles: list[RequestHandle] = []
+        self._handles: list[RequestHandle | SampleGroup] = []
         self._closed = False
         model.serving_engine = self
         if start:
@@ -68,9 +69,10 @@ class InferenceEngine:
     # ------------------------------------------------------------------ submission
     def submit(self, prompt: str | Seq[int], params: SamplingParams | None = None, listener: Any = None, *,
                cancel: Callable[[], bool] | None = None, on_round: Callable[[Any], None] | None = None
-               ) -> RequestHandle:
-        """Validate and queue a request; returns its handle at once. ValueError/TypeError for bad input (naming
-        the field, nothing bound), EngineShutdownError after ``shutdown``."""
+               ) -> RequestHandle | SampleGroup:
+        """Validate and queue a request; returns its handle at once (a ``SampleGroup`` of the samples for
+        ``params.n > 1``). ValueError/TypeError for bad input (naming the field, nothing bound), EngineShutdownError
+        after ``shutdown``."""
         request = Request.create(self.model, prompt, params, listener=listener, cancel=cancel, on_round=on_round)
         with self._lock:
             if self._closed:
@@ -80,8 +82,8 @@ class InferenceEngine:
         return handle
 
     def generate(self, prompt: str | Seq[int], params: SamplingParams | None = None,
-                 listener: Any = None) -> Completion:
-        """``submit(...).result()``."""
+                 listener: Any = None) -> Completion | list[Completion]:
+        """``submit(...).result()`` (a list of the samples for ``params.n > 1``)."""
         return self.submit(prompt, params, listener).result()
 
     # ------------------------------------------------------------------ stepping

@@ -19,6 +19,7 @@ import torch
 from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
 
+from .choice import choose_next
 from .drafters import Drafter
 from .sampling import probabilities, sample
 from .sequence import Sequence
@@ -65,9 +66,12 @@ class Decoder:
             start, stop = seq.prefilled, min(end, seq.prefilled + PREFILL_CHUNK)
             self._activate([seq])
             x = torch.tensor([seq.prompt[start:stop]], dtype=torch.int64, device=self.pool.device)
+            every = seq.prompt_logprobs is not None  # logits at every prompt position, not just the last
             out = self.transformer(x, np.array([start], dtype=np.int64), self.pool, self.backend,
-                                   logit_cols=np.array([stop - start - 1], dtype=np.int64))
-            seq.logits = out.logits[:, 0]
+                                   logit_cols=None if every else np.array([stop - start - 1], dtype=np.int64))
+            seq.logits = out.logits[:, -1]
+            if every:
+                seq.add_prompt_logprobs(out.logits[0], start)
             seq.forwards += 1
             seq.prefill_forwards += 1
             seq.prefilled = stop
@@ -78,8 +82,8 @@ class Decoder:
         return seq.prefilled == len(seq.prompt)
 
     def prefill_batch(self, seqs: list[Sequence]) -> None:
-        """Prefill the unwritten prompt parts of several sequences in one forward (their logits then predict each
-        first token). Rows may start at different positions (different prefix hits) and have different lengths:
+        """Prefill the unwritten prompt parts of several sequences (none asking for prompt logprobs) in one forward
+        (their logits then predict each first token). Rows may start at different positions (different prefix hits) and have different lengths:
         each window is right-padded to the longest, and the padding's K/V is sealed off with ``truncate_to`` (as a
         verify round seals rejected drafts), so every row keeps exactly its prompt. ValueError unless every row has
         1..PREFILL_CHUNK prompt positions left and room for its padding (``padded_prefill_fits``)."""
@@ -110,12 +114,13 @@ class Decoder:
 
     @staticmethod
     def padded_prefill_fits(seqs: list[Sequence]) -> bool:
-        """Whether ``prefill_batch`` can take ``seqs``: each has 1..PREFILL_CHUNK prompt positions left and its
-        padding to the longest stays inside its bound capacity."""
+        """Whether ``prefill_batch`` can take ``seqs``: each has 1..PREFILL_CHUNK prompt positions left, its
+        padding to the longest stays inside its bound capacity, and none asks for prompt logprobs (those prefill
+        alone, with logits at every position)."""
         rem = [len(s.prompt) - s.prefilled for s in seqs]
         width = max(rem, default=0)
         return bool(seqs) and min(rem) >= 1 and width <= PREFILL_CHUNK and \
-            all(s.prefilled + width <= s.capacity for s in seqs)
+            all(s.prefilled + width <= s.capacity and s.prompt_logprobs is None for s in seqs)
 
     @staticmethod
     def padded_prefill_groups(seqs: list[Sequence]) -> list[list[Sequence]]:
@@ -176,12 +181,14 @@ class Decoder:
         start = np.array([s.last_pos for s in seqs], dtype=np.int64)
         graphs = self.decode_graphs
         out = self._forward(tokens, start, graphs, allow_graph and graphs is not None and graphs.eligible(start))
+        logits = out.logits[:, -1]
         for b, seq in enumerate(seqs):
-            seq.logits = out.logits[b : b + 1, -1]
+            seq.logits = logits[b : b + 1]
             seq.forwards += 1
             if self.drafter is not None:
                 self.drafter.extend(seq, out.hidden[b], int(start[b]))
-            seq.take_next()
+        for seq, (token, logp) in zip(seqs, choose_next(seqs, logits)):  # the choice batched across rows
+            seq.push(token, logp)
 
     # ------------------------------------------------------------------ speculative round
     def speculate(self, seqs: list[Sequence], n: int) -> list[AcceptResult]:
@@ -214,9 +221,9 @@ class Decoder:
             seq.accept_lengths[res.num_tokens] += 1
             seq.on_round(RoundRecord(int(start[b]), n, tuple(drafted[b]), res.num_accepted, res.tokens))
             self.drafter.commit(seq, out.hidden[b, : res.num_tokens])
-            logp = torch.log_softmax(out.logits[b], dim=-1) if seq.logprobs is not None else None
+            logp = torch.log_softmax(out.logits[b].float(), dim=-1) if seq.logprobs is not None else None
             for j, token in enumerate(res.tokens):
-                if seq.push(token, None if logp is None else float(logp[j, token])):
+                if seq.push(token, None if logp is None else logp[j]):
                     break
         return results
 
@@ -235,6 +242,6 @@ class Decoder:
         if seq.temperature == 0:
             return accept_greedy(d, logits.argmax(dim=-1).tolist())
         targets = [int(sample(logits[j : j + 1], seq.temperature, seq.top_p, seq.rng.at(first + j),
-                              with_logprobs=False, top_k=seq.top_k, min_p=seq.min_p)[0][0])
+                              top_k=seq.top_k, min_p=seq.min_p)[0])
                    for j in range(len(d) + 1)]
         return accept_greedy(d, targets)

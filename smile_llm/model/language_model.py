@@ -14,7 +14,7 @@ import warnings
 from dataclasses import replace
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast, overload
 
 import numpy as np
 import torch
@@ -30,6 +30,7 @@ from .config_hybrid import FULL_ATTENTION
 from .decoder import Decoder
 from .drafters import Drafter, build_drafter
 from .request import GenerationCancelled, Request, RequestHandle, SamplingParams
+from .samples import SampleGroup
 from . import streaming
 from .sequence import Completion
 from .streaming import StreamChunk
@@ -272,18 +273,28 @@ class LanguageModel:
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, listener: Any = None,
                cancel: Callable[[], bool] | None = None, on_round: Callable[[Any], None] | None = None
-               ) -> RequestHandle:
+               ) -> RequestHandle | SampleGroup:
         """Validate one request (``Request.create``: ValueError/TypeError naming the field, nothing bound) and queue it
-        on the model's server; returns its handle at once. ``handle.result()`` waits, advancing the model itself
-        when no other thread does. Safe from any thread."""
+        on the model's server; returns its handle at once: a ``RequestHandle``, or for ``params.n > 1`` a
+        ``SampleGroup`` whose ``result()`` is the list of the n samples. ``result()`` waits, advancing the model
+        itself when no other thread does. Safe from any thread."""
         return self.server.submit(Request.create(self, prompt, params, listener=listener, cancel=cancel,
                                                  on_round=on_round))
 
+    @overload
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, n: Literal[1] = 1,
+                 **kwargs: Any) -> Completion: ...
+
+    @overload
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, n: int,
+                 **kwargs: Any) -> list[Completion]: ...
+
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, temperature: float = 0.0,
-                 top_p: float = 1.0, logprobs: bool = False, seed: int = 0, listener: Any = None,
+                 top_p: float = 1.0, logprobs: bool | int = False, seed: int = 0, listener: Any = None,
                  cancel: Callable[[], bool] | None = None, stop: Any = None,
                  speculative_tokens: int | None = None, draft_sampling: str = "greedy",
-                 on_round: Callable[[Any], None] | None = None, **processors: Any) -> Completion:
+                 on_round: Callable[[Any], None] | None = None, n: int = 1,
+                 **options: Any) -> Completion | list[Completion]:
         """Generate up to ``max_new_tokens`` tokens after ``prompt`` (ids or text). Greedy at temperature 0, else
         nucleus sampling; a nonzero ``seed`` makes the output reproducible. Stops at an EOS or ``stop`` token or
         string (finish_reason "stop") or after ``max_new_tokens`` or at ``max_seq_len`` ("length"). ``cancel`` is
@@ -298,10 +309,13 @@ class LanguageModel:
         rejection sampling. Either way the output has the target's distribution, and at temperature 0 it equals
         plain greedy decoding token for token.
 
-        ``processors``: ``top_k``, ``min_p``, ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
-        ``logit_bias``, ``min_new_tokens`` (see ``SamplingParams``); speculation stays lossless with them."""
+        ``n > 1``: a list of ``n`` samples of the prompt (its KV computed once; see ``SampleGroup``), no
+        ``listener``. ``logprobs``: True for the chosen tokens' logprobs, an int k in [1, 20] for the k most
+        likely alternatives too (``Completion.top_logprobs``). ``options``: ``top_k``, ``min_p``,
+        ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``min_new_tokens``,
+        ``prompt_logprobs`` (see ``SamplingParams``); speculation stays lossless with them."""
         params = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
-                                draft_sampling, **_processor_fields(processors))
+                                draft_sampling, n=n, **_option_fields(options))
         return self.submit(prompt, params, listener=listener, cancel=cancel, on_round=on_round).result()
 
     def encode_chat(self, messages: Sequence[Any], add_generation_prompt: bool = True,
@@ -317,14 +331,24 @@ class LanguageModel:
                              f"{CONFIG_FILE}; chat needs an instruct checkpoint's template")
         return self.encode(self.chat_template.render(messages, add_generation_prompt, tools, **template_vars))
 
+    @overload
+    def chat(self, messages: Sequence[Any], max_new_tokens: int = 256, *, n: Literal[1] = 1,
+             **kwargs: Any) -> Completion: ...
+
+    @overload
+    def chat(self, messages: Sequence[Any], max_new_tokens: int = 256, *, n: int, **kwargs: Any
+             ) -> list[Completion]: ...
+
     def chat(self, messages: Sequence[Any], max_new_tokens: int = 256, *, tools: Sequence[Any] | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None, **generate_kwargs: Any) -> Completion:
+             chat_template_kwargs: dict[str, Any] | None = None, n: int = 1,
+             **generate_kwargs: Any) -> Completion | list[Completion]:
         """``generate`` on ``encode_chat(messages, add_generation_prompt=True, tools=tools,
-        **chat_template_kwargs)``: the assistant's next turn. ``generate_kwargs`` are ``generate``'s (sampling,
-        listener, stop, speculative_tokens, ...). A conversation that grows turn by turn reuses the earlier turns' KV
-        through the prefix cache. Errors as ``encode_chat`` and ``generate``."""
+        **chat_template_kwargs)``: the assistant's next turn (a list of ``n`` candidate turns for ``n > 1``).
+        ``generate_kwargs`` are ``generate``'s (sampling, listener, stop, speculative_tokens, ...). A conversation
+        that grows turn by turn reuses the earlier turns' KV through the prefix cache. Errors as ``encode_chat`` and
+        ``generate``."""
         ids = self.encode_chat(messages, True, tools, **(chat_template_kwargs or {}))
-        return self.generate(ids, max_new_tokens, **generate_kwargs)
+        return self.generate(ids, max_new_tokens, n=n, **generate_kwargs)
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, **generate_kwargs: Any
                ) -> Iterator[StreamChunk]:
@@ -349,26 +373,33 @@ class LanguageModel:
         fields = dict(kwargs)
         cancel = fields.pop("cancel", None)
         request = Request.create(self, prompt, SamplingParams(max_new_tokens, **fields), cancel=cancel)
-        return lambda listener: self.server.submit(replace(request, listener=listener))
+        if request.params.n != 1:
+            raise ValueError(f"n must be 1 to stream (got {request.params.n}): stream one sample at a time")
+        return lambda listener: cast(RequestHandle, self.server.submit(replace(request, listener=listener)))
 
     def generate_batch(self, prompts: Iterable[str | Sequence[int]], max_new_tokens: int = 256, *,
-                       temperature: float = 0.0, top_p: float = 1.0, logprobs: bool = False, seed: int = 0,
+                       temperature: float = 0.0, top_p: float = 1.0, logprobs: bool | int = False, seed: int = 0,
                        stop: Any = None, speculative_tokens: int | None = None,
-                       draft_sampling: str = "greedy", **processors: Any) -> list[Completion]:
+                       draft_sampling: str = "greedy", n: int = 1, **options: Any) -> list[Completion]:
         """Generate for several prompts as one batch on the model's scheduler (prefix reuse included: prompts
         sharing an uncached prefix compute it once; short prompt remainders are prefilled together). Row i samples
-        with seed ``seed + i`` (when seed is nonzero). Greedy results equal ``generate`` on each prompt. Every prompt
-        is validated before any is queued; if one request fails, the others are cancelled and its error is
-        raised."""
+        with seed ``seed + i`` (when seed is nonzero). Greedy results equal ``generate`` on each prompt. ``n > 1``:
+        ``n`` samples per prompt, prompt after prompt (``len(prompts) * n`` Completions, as HF's
+        ``num_return_sequences``). Every prompt is validated before any is queued; if one request fails, the
+        others are cancelled and its error is raised."""
         base = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
-                              draft_sampling, **_processor_fields(processors))
+                              draft_sampling, n=n, **_option_fields(options))
         requests = []
         for i, p in enumerate(prompts):
             row_seed = ((seed + i) % (1 << 64) or (1 << 62)) if seed else 0  # nonzero seeds stay nonzero per row
             requests.append(Request.create(self, p, replace(base, seed=row_seed)))
         handles = [self.server.submit(r) for r in requests]
         try:
-            return [h.result() for h in handles]
+            out: list[Completion] = []
+            for h in handles:
+                result = h.result()
+                out.extend(result if isinstance(result, list) else [result])
+            return out
         finally:
             for h in handles:
                 h.cancel()
@@ -398,15 +429,15 @@ class LanguageModel:
                 self.drafter.close()
 
 
-PROCESSOR_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
-                    "min_new_tokens")
+OPTION_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
+                 "min_new_tokens", "prompt_logprobs")
 
 
-def _processor_fields(given: dict[str, Any]) -> dict[str, Any]:
-    """``given`` if it names only ``SamplingParams``' processor fields; TypeError naming the first other one."""
-    unknown = [k for k in given if k not in PROCESSOR_FIELDS]
+def _option_fields(given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` if it names only ``SamplingParams``' option fields; TypeError naming the first other one."""
+    unknown = [k for k in given if k not in OPTION_FIELDS]
     if unknown:
-        raise TypeError(f"unexpected keyword argument {unknown[0]!r}; sampling options are {PROCESSOR_FIELDS}")
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}; sampling options are {OPTION_FIELDS}")
     return given
 
 

@@ -50,21 +50,46 @@ class LogitsProcessing:
                      generated_len: Sequence[int]) -> torch.Tensor:
         """``apply`` from the rows' token statistics: ``seen`` bool ``[N, V]`` (in the prompt or the output),
         ``counts`` float32 ``[N, V]`` (occurrences in the output), ``generated_len[i]`` output tokens of row i."""
-        out = logits.float().clone()
-        if self.repetition_penalty != 1.0:
-            penalised = torch.where(out < 0, out * self.repetition_penalty, out / self.repetition_penalty)
-            out = torch.where(seen, penalised, out)
-        if self.presence_penalty or self.frequency_penalty:
-            out -= self.frequency_penalty * counts + self.presence_penalty * (counts > 0).to(out.dtype)
-        vocab = out.shape[-1]
-        if self.logit_bias:  # one indexed add for every listed token (ids are checked against the vocabulary)
-            ids = torch.tensor([t for t, _ in self.logit_bias], dtype=torch.int64, device=out.device)
-            out[:, ids] += torch.tensor([b for _, b in self.logit_bias], dtype=out.dtype, device=out.device)
-        short = [i for i, n in enumerate(generated_len) if n < self.min_new_tokens]
-        eos = [e for e in self.eos_ids if e < vocab]
-        if short and eos:
-            out[torch.tensor(short, device=out.device)[:, None], torch.tensor(eos, device=out.device)] = float("-inf")
-        return out
+        return apply_rows([self] * logits.shape[0], logits, seen, counts, generated_len)
+
+
+def apply_rows(processing: Sequence[LogitsProcessing], logits: torch.Tensor, seen: torch.Tensor,
+               counts: torch.Tensor, generated_len: Sequence[int]) -> torch.Tensor:
+    """Processed float32 logits ``[N, V]`` (a new tensor), row i with ``processing[i]`` and its statistics (see
+    ``LogitsProcessing.apply_counts``): one tensor operation per processor for all rows. A processor that is off
+    for a row leaves that row exactly unchanged (a penalty of 1 or 0 is exact in float arithmetic)."""
+    out = logits.float().clone()
+    dev, dt = out.device, out.dtype
+    repetition = [p.repetition_penalty for p in processing]
+    if any(r != 1.0 for r in repetition):
+        r = torch.tensor(repetition, dtype=dt, device=dev)[:, None]
+        out = torch.where(seen, torch.where(out < 0, out * r, out / r), out)
+    presence = [p.presence_penalty for p in processing]
+    frequency = [p.frequency_penalty for p in processing]
+    if any(presence) or any(frequency):
+        f = torch.tensor(frequency, dtype=dt, device=dev)[:, None]
+        pr = torch.tensor(presence, dtype=dt, device=dev)[:, None]
+        out -= f * counts + pr * (counts > 0).to(dt)
+    vocab = out.shape[-1]
+    rows, ids, bias = [], [], []  # one indexed add for every listed token of every row (ids checked at creation)
+    for i, p in enumerate(processing):
+        for t, b in p.logit_bias:
+            rows.append(i)
+            ids.append(t)
+            bias.append(b)
+    if rows:
+        out.index_put_((torch.tensor(rows, device=dev), torch.tensor(ids, device=dev)),
+                       torch.tensor(bias, dtype=dt, device=dev), accumulate=True)
+    short, eos = [], []
+    for i, (p, n) in enumerate(zip(processing, generated_len)):
+        if n < p.min_new_tokens:
+            for e in p.eos_ids:
+                if e < vocab:
+                    short.append(i)
+                    eos.append(e)
+    if short:
+        out[torch.tensor(short, device=dev), torch.tensor(eos, device=dev)] = float("-inf")
+    return out
 
 
 class TokenHistory:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from .logits_processing import LogitsProcessing
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 MAX_SEED = (1 << 64) - 1
 DRAFT_SAMPLING = ("greedy", "sample")
+MAX_LOGPROBS = 20  # top alternatives per token (``logprobs``, ``prompt_logprobs``), as OpenAI and vLLM allow
+MAX_SAMPLES = 128  # ``n``: samples of one prompt
 
 
 class GenerationCancelled(RuntimeError):
@@ -51,7 +53,11 @@ def _is_number(value: Any) -> bool:
 class SamplingParams:
     """Per-request settings: greedy at ``temperature`` 0, nucleus sampling (``top_p``) otherwise; ``seed`` 0 is
     nondeterministic, any other seed in [-2**63, 2**64) reproducible (a negative seed is read as the unsigned
-    64-bit value of the same bits, as a Java ``long``); ``logprobs`` returns the chosen tokens' logprobs;
+    64-bit value of the same bits, as a Java ``long``); ``logprobs``: True (or 0) returns the chosen tokens'
+    logprobs, an int k in [1, 20] also the k most likely alternatives per token (``Completion.top_logprobs``);
+    ``prompt_logprobs``: None, or k in [0, 20] for each prompt token's logprob and its k alternatives (the request
+    then computes its whole prompt, without prefix reuse); ``n`` in [1, 128] samples of the prompt (its KV computed
+    once, shared through the prefix cache; sample i > 0 draws with a seed derived from ``seed`` and i);
     ``stop`` a token id, a string, or a list/tuple of those (EOS ids always stop); ``speculative_tokens`` None for the
     model's default, 0 for plain decoding; ``draft_sampling`` "greedy" or "sample". Sampling warpers (HF's):
     ``top_k`` (0: off), ``min_p`` in [0, 1]; processors (``logits_processing``; greedy decoding honours them too):
@@ -65,7 +71,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
-    logprobs: bool = False
+    logprobs: bool | int = False
     stop: Any = None
     speculative_tokens: int | None = None
     draft_sampling: str = "greedy"
@@ -76,6 +82,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: Any = None
     min_new_tokens: int = 0
+    n: int = 1
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens):
@@ -95,8 +103,7 @@ class SamplingParams:
         if not -(1 << 63) <= self.seed <= MAX_SEED:
             raise ValueError(f"seed must be in [-2**63, 2**64), got {self.seed}")
         object.__setattr__(self, "seed", self.seed & MAX_SEED)  # a negative (e.g. Java long) seed: its 64 bits
-        if not isinstance(self.logprobs, bool):
-            raise RequestTypeError(f"logprobs must be a bool, got {self.logprobs!r}")
+        self._check_logprobs()
         if self.speculative_tokens is not None:
             if not _is_int(self.speculative_tokens):
                 raise RequestTypeError(f"speculative_tokens must be None or an int, got {self.speculative_tokens!r}")
@@ -108,6 +115,43 @@ class SamplingParams:
         for entry in self.stop_entries():
             if not isinstance(entry, str) and not (_is_int(entry) and entry >= 0):
                 raise RequestTypeError(f"stop entries must be token ids (ints >= 0) or strings, got {entry!r}")
+
+    def _check_logprobs(self) -> None:
+        if not isinstance(self.logprobs, bool):
+            if not _is_int(self.logprobs):
+                raise RequestTypeError(f"logprobs must be a bool or an int in [0, {MAX_LOGPROBS}], got "
+                                       f"{self.logprobs!r}")
+            if not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be a bool or an int in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None:
+            if not _is_int(self.prompt_logprobs):
+                raise RequestTypeError(f"prompt_logprobs must be None or an int in [0, {MAX_LOGPROBS}], got "
+                                       f"{self.prompt_logprobs!r}")
+            if not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+                raise ValueError(f"prompt_logprobs must be None or an int in [0, {MAX_LOGPROBS}], got "
+                                 f"{self.prompt_logprobs}")
+        if not _is_int(self.n):
+            raise RequestTypeError(f"n must be an int, got {self.n!r}")
+        if not 1 <= self.n <= MAX_SAMPLES:
+            raise ValueError(f"n must be in [1, {MAX_SAMPLES}], got {self.n}")
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether the chosen tokens' logprobs are returned (``logprobs`` True or an int)."""
+        return self.logprobs is not False
+
+    @property
+    def top_logprobs(self) -> int:
+        """Alternatives returned per generated token (0: none)."""
+        return 0 if isinstance(self.logprobs, bool) else int(self.logprobs)
+
+    def sample(self, index: int) -> SamplingParams:
+        """The settings of sample ``index`` of ``n``: one sample, the same seed for sample 0 (so ``n=1`` and the first
+        of ``n`` agree) and a distinct derived nonzero seed for the others (seed 0 stays nondeterministic)."""
+        seed = self.seed
+        if seed and index:
+            seed = (seed + index * 0x9E3779B97F4A7C15) & MAX_SEED or 1
+        return replace(self, n=1, seed=seed, prompt_logprobs=self.prompt_logprobs if index == 0 else None)
 
     def _check_processors(self) -> None:
         if not _is_int(self.top_k):
@@ -172,7 +216,8 @@ class Request:
                listener: Any = None, cancel: Any = None, on_round: Any = None) -> Request:
         """Validate and resolve one request for ``model``. ValueError/TypeError naming the field: an empty prompt or
         a token outside the vocabulary (``prompt``), a prompt longer than ``max_seq_len``, a stop id outside the
-        vocabulary (``stop``), ``params`` not a SamplingParams, ``cancel``/``on_round`` not callable."""
+        vocabulary (``stop``), ``params`` not a SamplingParams, ``cancel``/``on_round`` not callable, a ``listener``
+        with ``n > 1``."""
         if params is None:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
@@ -181,6 +226,9 @@ class Request:
         for name, hook in (("cancel", cancel), ("on_round", on_round)):
             if hook is not None and not callable(hook):
                 raise RequestTypeError(f"{name} must be None or a callable, got {hook!r}")
+        if listener is not None and params.n > 1:
+            raise ValueError(f"listener: a request for n={params.n} samples returns them together and takes no "
+                             f"listener; listen to (or stream) one sample at a time with n=1")
         ids = model.encode(prompt)
         if len(ids) > model.max_seq_len:
             raise ValueError(f"prompt of {len(ids)} tokens exceeds max_seq_len {model.max_seq_len}; shorten it or "

@@ -1,6 +1,6 @@
 """Next-token sampling: greedy at temperature 0, otherwise temperature-scaled sampling with top-k, nucleus (top-p)
-and min-p from a seeded generator. Logprobs are of the chosen token under the model's raw distribution (before
-the request's processors and temperature)."""
+and min-p from a seeded generator; logprobs (of the chosen token, and the most likely alternatives) under the
+model's raw distribution (before the request's processors and temperature)."""
 
 from __future__ import annotations
 
@@ -56,17 +56,30 @@ def probabilities(logits: torch.Tensor, temperature: float, top_p: float, top_k:
     return probs
 
 
-def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator,
-           with_logprobs: bool = True, top_k: int = 0, min_p: float = 0.0,
-           raw: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``logits`` float32 ``[B, V]`` (processed, see ``logits_processing``) -> (tokens int64 ``[B]``, logprobs float32
-    ``[B]`` or None). Logprobs are under ``raw`` (the model's logits before processing; default ``logits``)."""
+def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator, top_k: int = 0,
+           min_p: float = 0.0) -> torch.Tensor:
+    """``logits`` float32 ``[B, V]`` (processed, see ``logits_processing``) -> the chosen tokens, int64 ``[B]``: the
+    argmax at temperature 0, else a draw from ``probabilities``."""
     if temperature == 0.0:
-        tokens = logits.argmax(dim=-1)
-    else:
-        tokens = torch.multinomial(probabilities(logits, temperature, top_p, top_k, min_p), 1,
-                                   generator=generator).squeeze(-1)
-    if not with_logprobs:
-        return tokens, None
-    source = logits if raw is None else raw
-    return tokens, torch.log_softmax(source, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return logits.argmax(dim=-1)
+    return torch.multinomial(probabilities(logits, temperature, top_p, top_k, min_p), 1,
+                             generator=generator).squeeze(-1)
+
+
+def top_logprobs(logp: torch.Tensor, k: int) -> dict[int, float]:
+    """The ``k`` most likely tokens of a log-distribution ``[V]``, id -> logprob, most likely first."""
+    values, ids = logp.topk(k)
+    return dict(zip(ids.tolist(), values.tolist()))
+
+
+def logprob_entries(logp: torch.Tensor, targets: list[int], k: int) -> list[dict[int, float]]:
+    """For each row of a log-distribution ``[C, V]``: ``targets[i]`` -> its logprob first, then the ``k`` most
+    likely tokens (a target among them appears once)."""
+    chosen = logp.gather(-1, torch.tensor(targets, device=logp.device)[:, None]).squeeze(-1).tolist()
+    entries = [{t: c} for t, c in zip(targets, chosen)]
+    if k:
+        values, ids = logp.topk(k, dim=-1)
+        for entry, row_ids, row_values in zip(entries, ids.tolist(), values.tolist()):
+            for t, v in zip(row_ids, row_values):
+                entry.setdefault(t, v)
+    return entries

@@ -147,7 +147,7 @@ class Scheduler:
                 break  # bind it once that prompt is cached (FCFS: the jobs behind it wait too)
             capacity = min(job.final_len, len(req.prompt) + ADMIT_DECODE_TOKENS)
             try:
-                rid = pool.bind_request(req.prompt, capacity)
+                rid = pool.bind_request(req.prompt, capacity, reuse_prefix=req.params.prompt_logprobs is None)
             except KvCacheExhaustedError as exc:
                 if not self.running and not self.preempted:  # nothing will free pages: it never fits
                     self.waiting.popleft()
@@ -179,8 +179,8 @@ class Scheduler:
         (a hybrid model) a match can only end where the other prompt's state snapshot will be, at the last page
         boundary of that prompt, so the job waits only when it shares that much."""
         pool = self.model.pool
-        if not pool.prefix_reuse_enabled:
-            return False
+        if not pool.prefix_reuse_enabled or job.handle.request.params.prompt_logprobs is not None:
+            return False  # (a request for prompt logprobs computes its whole prompt anyway)
         prompt = np.asarray(job.handle.request.prompt)
         for other in self.running:
             seq = other.seq

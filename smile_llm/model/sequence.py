@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .logits_processing import TokenHistory
-from .sampling import PositionalRng, sample
+from .choice import choose_next
+from .sampling import PositionalRng, logprob_entries, top_logprobs
 from .tokenizer import StreamDecoder
 
 if TYPE_CHECKING:
@@ -29,8 +30,11 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Completion:
     """The result of one generation: ``text`` (cut at a stop string), ``prompt_tokens``, generated ``tokens`` (without a
-    stop token id), ``finish_reason`` ("stop" or "length"), ``logprobs`` (one per token, or None) and ``stats``
-    (counters and timings; see ``Sequence.stats``)."""
+    stop token id), ``finish_reason`` ("stop" or "length"), ``logprobs`` (one per token, or None), ``stats``
+    (counters and timings; see ``Sequence.stats``), ``top_logprobs`` (with ``logprobs=k``: per token, its k most
+    likely alternatives, id -> logprob) and ``prompt_logprobs`` (with ``prompt_logprobs=k``: per prompt token, None
+    for the first, else its own logprob and the k most likely alternatives). Logprobs are under the model's raw
+    distribution (before processors and temperature)."""
 
     text: str
     prompt_tokens: list[int]
@@ -38,6 +42,8 @@ class Completion:
     finish_reason: str  # "stop" or "length"
     logprobs: list[float] | None
     stats: dict[str, Any] = field(default_factory=dict)
+    top_logprobs: list[dict[int, float]] | None = None
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 class Sequence:
@@ -60,7 +66,12 @@ class Sequence:
         self.speculative_tokens, self.draft_sampling = request.speculative_tokens, p.draft_sampling
         self.history: Any = None  # the drafter's state for this request: set by its bind, cleared by its release
         self.tokens: list[int] = []
-        self.logprobs: list[float] | None = [] if p.logprobs else None
+        self.logprobs: list[float] | None = [] if p.wants_logprobs else None
+        self.top_k_logprobs = p.top_logprobs
+        self.top_logprobs: list[dict[int, float]] | None = [] if p.top_logprobs else None
+        self.prompt_k_logprobs = p.prompt_logprobs
+        # one entry per prompt position (the first has nothing to condition on); filled by the prefill
+        self.prompt_logprobs: list[dict[int, float] | None] | None = None if p.prompt_logprobs is None else [None]
         self.error: BaseException | None = None  # what the caller's hooks raised; the request then fails alone
         self.finished = False
         self.finish_reason = "length"
@@ -139,27 +150,40 @@ class Sequence:
     def take_next(self) -> bool:
         """Sample the next token from the last logits and append it; True when the sequence has finished."""
         assert self.logits is not None
-        logits = self.processed(self.logits, [[]])
-        token_t, logprob_t = sample(logits, self.temperature, self.top_p,
-                                    self.rng.at(len(self.prompt) + len(self.tokens)),
-                                    with_logprobs=self.logprobs is not None, top_k=self.top_k, min_p=self.min_p,
-                                    raw=self.logits)
-        return self.push(int(token_t[0]), float(logprob_t[0]) if logprob_t is not None else None)
+        return self.push(*choose_next([self], self.logits)[0])
+
+    def add_prompt_logprobs(self, logits: torch.Tensor, start: int) -> None:
+        """Record the prompt logprobs that ``logits`` ``[C, V]`` (a prefill chunk's, column j at position
+        ``start + j``) give: for each prompt token they predict, its logprob and the ``prompt_logprobs`` most likely
+        alternatives (raw, before processors and temperature)."""
+        assert self.prompt_logprobs is not None
+        count = min(logits.shape[0], len(self.prompt) - 1 - start)  # the last prompt position predicts a new token
+        if count <= 0:
+            return
+        logp = torch.log_softmax(logits[:count].float(), dim=-1)
+        targets = self.prompt[start + 1 : start + 1 + count]
+        self.prompt_logprobs.extend(logprob_entries(logp, targets, self.prompt_k_logprobs or 0))
 
     def processed(self, logits: torch.Tensor, extra: list[list[int]]) -> torch.Tensor:
         """``logits`` ``[N, V]`` after the request's processors, row i having generated ``tokens`` then
         ``extra[i]`` (a verify window's drafts before it); the logits themselves when no processor is on."""
         if not self.processing.active:
             return logits
-        if self._history is None:  # built once, then kept up to date by push
-            self._history = TokenHistory(self.prompt, logits.shape[-1], logits.device)
-            for t in self.tokens:
-                self._history.push(t)
-        seen, counts = self._history.rows(extra)
+        seen, counts = self.token_history(logits.shape[-1], logits.device).rows(extra)
         return self.processing.apply_counts(logits, seen, counts, [len(self.tokens) + len(e) for e in extra])
 
-    def push(self, token: int, logprob: float | None = None) -> bool:
-        """Append ``token`` (stream it, check stops and the limit); True when the sequence has finished."""
+    def token_history(self, vocab: int, device: torch.device) -> TokenHistory:
+        """The processors' statistics of this request's tokens (built on first use, then kept up to date by
+        ``push``)."""
+        if self._history is None:
+            self._history = TokenHistory(self.prompt, vocab, device)
+            for t in self.tokens:
+                self._history.push(t)
+        return self._history
+
+    def push(self, token: int, logp: torch.Tensor | None = None) -> bool:
+        """Append ``token`` (stream it, check stops and the limit); True when the sequence has finished. ``logp``:
+        the raw log-distribution ``[V]`` it was chosen from, for the requested logprobs."""
         if token in self.stop_ids:
             self.finish_reason = "stop"
             return self._finish()
@@ -167,8 +191,10 @@ class Sequence:
         if self._history is not None:
             self._history.push(token)
         self.notify("on_token", token)
-        if self.logprobs is not None and logprob is not None:
-            self.logprobs.append(logprob)
+        if self.logprobs is not None and logp is not None:
+            self.logprobs.append(float(logp[token]))
+            if self.top_logprobs is not None:
+                self.top_logprobs.append(top_logprobs(logp, self.top_k_logprobs))
         self.notify("on_generated_tokens", 1)
         chunk = self.stream.push(token)
         self.text += chunk
@@ -231,4 +257,4 @@ class Sequence:
             self.text += self.stream.finish()
         self._flush()
         return Completion(self.text, list(self.prompt), list(self.tokens), self.finish_reason, self.logprobs,
-                          self.stats())
+                          self.stats(), self.top_logprobs, self.prompt_logprobs)

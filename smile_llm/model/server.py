@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .request import EngineShutdownError, GenerationCancelled, Request, RequestHandle
+from .samples import SampleGroup, sample_requests
 from .scheduler import Job, Scheduler
 
 if TYPE_CHECKING:
@@ -47,16 +48,17 @@ class Server:
         self.steps = 0
 
     # ------------------------------------------------------------------ submission
-    def submit(self, request: Request) -> RequestHandle:
-        """Queue ``request``; returns its handle at once (never waits for a step). EngineShutdownError after
+    def submit(self, request: Request) -> RequestHandle | SampleGroup:
+        """Queue ``request``; returns its handle at once (never waits for a step): a ``RequestHandle``, or for
+        ``n > 1`` samples a ``SampleGroup`` of their handles, queued together. EngineShutdownError after
         ``shutdown``."""
         with self._cv:
             if self._closed:
                 raise EngineShutdownError("the model is closed; load it again to generate")
-            handle = RequestHandle(next(self._numbers), request, self)
-            self._intake.append(Job(handle))
+            handles = [RequestHandle(next(self._numbers), r, self) for r in sample_requests(request)]
+            self._intake.extend(Job(h) for h in handles)
             self._cv.notify_all()
-        return handle
+        return handles[0] if request.params.n == 1 else SampleGroup(request, handles)
 
     @property
     def num_waiting(self) -> int:

@@ -207,7 +207,7 @@ def test_bad_input_is_refused_at_submit_and_generate_shares_the_scheduler(lm, so
     for kwargs, field in (({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
                           ({"max_new_tokens": -1}, "max_new_tokens"), ({"speculative_tokens": -2}, "speculative_tokens"),
                           ({"draft_sampling": "beam"}, "draft_sampling"), ({"seed": "7"}, "seed"),
-                          ({"seed": 1 << 64}, "seed"), ({"seed": -(1 << 63) - 1}, "seed"), ({"logprobs": 1}, "logprobs"), ({"stop": [1.5]}, "stop")):
+                          ({"seed": 1 << 64}, "seed"), ({"seed": -(1 << 63) - 1}, "seed"), ({"logprobs": 21}, "logprobs"), ({"logprobs": "1"}, "logprobs"), ({"stop": [1.5]}, "stop")):
         with pytest.raises(ValueError, match=field):
             SamplingParams(**kwargs)
     with InferenceEngine(lm) as engine:

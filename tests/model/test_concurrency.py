@@ -200,7 +200,7 @@ def test_tiny_temperature_and_top_p_are_greedy(lm, solo):
 
 
 @pytest.mark.parametrize("kwargs, field", [({"seed": 1.5}, "seed"), ({"seed": -(1 << 63) - 1}, "seed"), ({"seed": "1"}, "seed"),
-                                           ({"max_new_tokens": None}, "max_new_tokens"), ({"logprobs": 1}, "logprobs")])
+                                           ({"max_new_tokens": None}, "max_new_tokens"), ({"logprobs": 21}, "logprobs")])
 def test_bad_fields_are_refused_before_anything_is_bound(lm, kwargs, field):
     with pytest.raises(ValueError, match=field):
         lm.generate(PROMPTS[0], **kwargs)

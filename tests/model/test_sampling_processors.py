@@ -9,7 +9,10 @@ import torch
 
 from smile_llm import LanguageModel
 from smile_llm.model.logits_processing import LogitsProcessing
+from smile_llm.model.request import SamplingParams
 from smile_llm.model.sampling import probabilities
+
+from .conftest import assert_clean
 
 V = 50
 PROMPT = [3, 7, 7, 11, 2]
@@ -120,3 +123,25 @@ def test_bad_values_are_refused_by_name(lm, options, match) -> None:
     with pytest.raises((ValueError, TypeError), match=match):
         lm.generate("import os\n", 4, **options)
     assert lm.pool.bound_request_count == 0
+
+
+MIXED = [{}, {"temperature": 0.9, "seed": 5, "top_k": 30}, {"repetition_penalty": 1.3, "logit_bias": {101: 2.0}},
+         {"temperature": 0.7, "seed": 9, "min_p": 0.1, "presence_penalty": 0.6, "frequency_penalty": 0.4},
+         {"temperature": 0.9, "seed": 6, "top_k": 30, "min_new_tokens": 12, "logprobs": 3}]
+
+
+def test_a_batch_of_rows_with_different_settings_chooses_as_each_row_alone(lm) -> None:
+    """The choice is batched across rows (one pass per processor, one softmax per warper group): each row of a
+    mixed batch draws exactly what it draws alone."""
+    prompts = ["import os\n", "def main(argv):\n", "class Parser:\n", "for line in f:\n", "return self.\n"]
+    steps = lm.server.steps
+    handles = [lm.submit(p, SamplingParams(24, speculative_tokens=0, **o)) for p, o in zip(prompts, MIXED)]
+    together = [h.result() for h in handles]
+    assert lm.server.steps - steps <= 26  # every row in the same steps: one prefill step, then one per token
+    for p, o, got in zip(prompts, MIXED, together):
+        alone = lm.generate(p, 24, speculative_tokens=0, **o)
+        assert got.tokens == alone.tokens
+        if got.logprobs is not None:
+            assert got.top_logprobs is not None and [list(t) for t in got.top_logprobs] == \
+                [list(t) for t in alone.top_logprobs]
+    assert_clean(lm.pool)
