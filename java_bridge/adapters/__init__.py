@@ -9,8 +9,9 @@ Listener callbacks into Java run while no Python lock is held (``generate`` call
 
 Modules: ``convert`` (Java arrays, checked returns, ByteBuffer views, Smile's value types), ``pool``
 (``KvCachePool``), ``radix`` (``RadixCache``, standalone or a pool's), ``model`` (``LanguageModel``), ``requests``
-(Java arguments to a request, futures and their delivery), ``engine`` (``smile.llm.engine.InferenceEngine``),
-``factory`` (``Bridge.Factory``, ``pinCurrentThread``).
+(Java arguments to a request, futures and their delivery, completions back), ``sampling`` (``smile.llm.SamplingParams``
+to Python's, Java field names in error messages), ``chat`` (``Message`` lists and template variables to Python
+values), ``engine`` (``smile.llm.engine.InferenceEngine``), ``factory`` (``Bridge.Factory``, ``pinCurrentThread``).
 """
 
 from .factory import FactoryAdapter, PinThread

@@ -9,8 +9,8 @@ on its own delivery threads and completes the future last.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from jpype import JArray, JClass, JFloat, JImplements, JInt
 
@@ -20,22 +20,16 @@ from smile_llm.model.sequence import Completion
 
 from ..errors import bridged, to_java
 from .convert import int_array
-
-JAVA_NAMES = {"max_new_tokens": "maxGenLen", "top_p": "topp"}  # Python field -> Java parameter
+from .sampling import SMILE_NAMES, named_errors
 
 
 def java_params(max_gen_len: Any, temperature: Any, topp: Any, logprobs: Any, seed: Any) -> SamplingParams:
-    """``SamplingParams`` from Java's ``generate`` arguments, validated there (the one validation of Python and
-    Java callers alike: a negative ``maxGenLen`` is refused, never clamped). ValueError naming the Java parameter
-    and the Python field; a negative ``seed`` is read as the unsigned value of its 64 bits."""
-    try:
+    """``SamplingParams`` from the arguments of Smile's positional ``generate``, validated there (the one validation
+    of Python and Java callers alike: a negative ``maxGenLen`` is refused, never clamped). ValueError naming the
+    Java parameter and the Python field; a negative ``seed`` is read as the unsigned value of its 64 bits. (The
+    ``smile.llm.SamplingParams`` form is ``sampling.python_params``.)"""
+    with named_errors(SMILE_NAMES):
         return SamplingParams(int(max_gen_len), float(temperature), float(topp), int(seed), bool(logprobs))
-    except ValueError as exc:
-        msg = str(exc)
-        for py, java in JAVA_NAMES.items():
-            if msg.startswith(py + " "):
-                msg = f"{java} ({py}){msg[len(py):]}"
-        raise type(exc)(msg) from None
 
 
 def java_prompt(prompt: Any) -> list[int]:
@@ -46,10 +40,20 @@ def java_prompt(prompt: Any) -> list[int]:
 
 
 def java_completion(out: Completion) -> Any:
-    """A ``smile.llm.Completion`` record of ``out``."""
+    """A ``smile.llm.Completion`` record of ``out``, with its top-k and prompt logprobs when it has them."""
     lp = None if out.logprobs is None else JArray(JFloat)(out.logprobs)
     return JClass("smile.llm.Completion")(out.text, JArray(JInt)(out.prompt_tokens), JArray(JInt)(out.tokens),
-                                          out.finish_reason, lp, json.dumps(out.stats, default=str))
+                                          out.finish_reason, lp, json.dumps(out.stats, default=str),
+                                          logprob_maps(out.top_logprobs), logprob_maps(out.prompt_logprobs))
+
+
+def logprob_maps(rows: Sequence[dict[int, float] | None] | None) -> Any:
+    """A Java ``List<Map<Integer, Float>>`` of ``rows`` (dict order kept, a None row stays null), or null."""
+    if rows is None:
+        return None
+    ids = JArray(JInt, 2)([None if r is None else JArray(JInt)(list(r.keys())) for r in rows])
+    values = JArray(JFloat, 2)([None if r is None else JArray(JFloat)(list(r.values())) for r in rows])
+    return JClass("smile.llm.python.Logprobs").maps(ids, values)
 
 
 class JavaListener:
@@ -88,12 +92,14 @@ class CancelRequest:
 
 
 def submit_async(model: LanguageModel, prompt: Any, params: SamplingParams, listener: Any,
-                 submit: Callable[..., RequestHandle] | None = None) -> Any:
-    """Queue one request for a Java caller and return its ``GenerationFuture`` at once. ``submit`` queues it
-    (default ``model.submit``; an engine passes its own). The model's serving thread is started if none runs
-    (``Server.serve_until_idle``). ValueError/TypeError for bad input, before anything is queued."""
+                 submit: Callable[..., Any] | None = None) -> Any:
+    """Queue one request (``params`` of one sample) for a Java caller and return its ``GenerationFuture`` at once.
+    ``submit`` queues it (default ``model.submit``; an engine passes its own). The model's serving thread is
+    started if none runs (``Server.serve_until_idle``). ValueError/TypeError for bad input, before anything is
+    queued."""
     delivery = JClass("smile.llm.python.AsyncGeneration")(listener)
-    handle = (submit or model.submit)(prompt, params, listener=None if listener is None else JavaListener(delivery))
+    handle = cast(RequestHandle, (submit or model.submit)(prompt, params, listener=None if listener is None
+                                                          else JavaListener(delivery)))
     delivery.attach(handle.request_number, CancelRequest(handle))
     handle.add_done_callback(lambda h: _settle(delivery, h))
     model.server.serve_until_idle()

@@ -36,6 +36,7 @@ def require_java() -> None:
 
 
 JAVA_TESTS = Path(__file__).parent / "java"
+EXAMPLES = Path(__file__).resolve().parents[2] / "java_bridge" / "examples"
 SCALE = os.environ.get("SMILE_TEST_SCALE", "full")
 
 
@@ -47,10 +48,12 @@ def scenario_names(class_file: str) -> list[str]:
 
 @pytest.fixture(scope="session")
 def java_classes(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The test drivers compiled with ``javac --release 17`` against the bridge jar."""
+    """The test drivers and the shipped examples (``java_bridge/examples``, default package) compiled with
+    ``javac --release 17`` against the bridge jar."""
     from java_bridge.build import bridge_jar, compile_java
 
-    return compile_java(JAVA_TESTS, tmp_path_factory.mktemp("java_bridge") / "classes", classpath=[bridge_jar()])
+    sources = sorted(JAVA_TESTS.rglob("*.java")) + sorted(EXAMPLES.glob("*.java"))
+    return compile_java(sources, tmp_path_factory.mktemp("java_bridge") / "classes", classpath=[bridge_jar()])
 
 
 @dataclass

@@ -1,5 +1,8 @@
 package smile.llm;
 
+import java.util.List;
+import java.util.Map;
+
 /**
  * The result of one generation.
  *
@@ -9,6 +12,19 @@ package smile.llm;
  * @param finishReason "stop" or "length".
  * @param logprobs the log probability of each generated token, or null when not requested.
  * @param statsJson counters and timings (cached prompt tokens, speculative rounds, ...) as a JSON object.
+ * @param topLogprobs one map per generated token, its {@code k} most likely alternatives (token id to log
+ *     probability, most likely first), when {@code SamplingParams.logprobs(k)} asked for {@code k >= 1}; else null.
+ * @param promptLogprobs one entry per prompt token when {@code SamplingParams.promptLogprobs(k)} was set: null for
+ *     the first token (nothing precedes it), then a map holding the token's own log probability first, then its
+ *     {@code k} most likely alternatives (the token appears once); else null.
  */
 public record Completion(String text, int[] prompt, int[] tokens, String finishReason, float[] logprobs,
-                         String statsJson) {}
+                         String statsJson, List<Map<Integer, Float>> topLogprobs,
+                         List<Map<Integer, Float>> promptLogprobs) {
+
+    /** A completion without top-k or prompt logprobs (the original six fields). */
+    public Completion(String text, int[] prompt, int[] tokens, String finishReason, float[] logprobs,
+                      String statsJson) {
+        this(text, prompt, tokens, finishReason, logprobs, statsJson, null, null);
+    }
+}

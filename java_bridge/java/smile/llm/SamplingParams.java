@@ -1,0 +1,246 @@
+package smile.llm;
+
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Objects;
+
+/**
+ * The settings of one request, an immutable value built with {@link #builder()}: the Java form of Python's
+ * {@code smile_llm.model.request.SamplingParams}, one builder method per Python field (the Python name in
+ * parentheses below). The defaults are Python's.
+ *
+ * <p>The builder does not check values. A request is validated once, in Python, when it is created (by
+ * {@link LanguageModel#generate(int[], SamplingParams, GenerationListener)}, {@code submit}, {@code stream},
+ * {@code chat}, ...): a bad value is an {@link IllegalArgumentException} whose message names the field by its Java
+ * and Python names, for example {@code "topK (top_k) must be >= 0 (0: off), got -1"}, and nothing is queued.
+ *
+ * <ul>
+ * <li>{@code maxNewTokens} (max_new_tokens, 256): most new tokens, {@code >= 0}.
+ * <li>{@code temperature} (0.0): 0 is greedy; finite and {@code >= 0}.
+ * <li>{@code topP} (top_p, 1.0): nucleus sampling, in (0, 1].
+ * <li>{@code topK} (top_k, 0): keep the k most likely tokens, 0 for off.
+ * <li>{@code minP} (min_p, 0.0): drop tokens below {@code minP} times the top probability, in [0, 1].
+ * <li>{@code seed} (0): 0 is nondeterministic; any other seed reproduces the output (read as unsigned 64 bits).
+ * <li>{@code logprobs} (false): null for none; 0 for each chosen token's logprob; k in 1..20 for the top-k
+ *     alternatives as well ({@link Completion#topLogprobs()}).
+ * <li>{@code promptLogprobs} (prompt_logprobs, null): k in 0..20 for each prompt token's logprob and its top-k
+ *     alternatives ({@link Completion#promptLogprobs()}).
+ * <li>{@code stop} (stop, none): stop strings and stop token ids (EOS always stops).
+ * <li>{@code repetitionPenalty} (repetition_penalty, 1.0, Hugging Face's, {@code > 0}),
+ *     {@code presencePenalty} and {@code frequencyPenalty} (presence_penalty, frequency_penalty, 0.0, OpenAI's,
+ *     in [-2, 2]), {@code logitBias} (logit_bias, token id to a bias in [-100, 100]), {@code minNewTokens}
+ *     (min_new_tokens, 0: EOS is masked until then).
+ * <li>{@code speculativeTokens} (speculative_tokens, null: the drafter's default; 0: plain decoding) and
+ *     {@code draftSampling} (draft_sampling, "greedy" or "sample").
+ * <li>{@code n} (1): samples of one prompt, sharing its KV; more than one only through
+ *     {@link LanguageModel#generateSamples}.
+ * </ul>
+ */
+public final class SamplingParams {
+    private final int maxNewTokens;
+    private final double temperature;
+    private final double topP;
+    private final long seed;
+    private final Integer logprobs;
+    private final List<String> stop;
+    private final List<Integer> stopTokenIds;
+    private final Integer speculativeTokens;
+    private final String draftSampling;
+    private final int topK;
+    private final double minP;
+    private final double repetitionPenalty;
+    private final double presencePenalty;
+    private final double frequencyPenalty;
+    private final Map<Integer, Double> logitBias;
+    private final int minNewTokens;
+    private final int n;
+    private final Integer promptLogprobs;
+
+    private SamplingParams(Builder b) {
+        maxNewTokens = b.maxNewTokens;
+        temperature = b.temperature;
+        topP = b.topP;
+        seed = b.seed;
+        logprobs = b.logprobs;
+        stop = Collections.unmodifiableList(new ArrayList<>(b.stop));
+        stopTokenIds = Collections.unmodifiableList(new ArrayList<>(b.stopTokenIds));
+        speculativeTokens = b.speculativeTokens;
+        draftSampling = b.draftSampling;
+        topK = b.topK;
+        minP = b.minP;
+        repetitionPenalty = b.repetitionPenalty;
+        presencePenalty = b.presencePenalty;
+        frequencyPenalty = b.frequencyPenalty;
+        logitBias = Collections.unmodifiableMap(new LinkedHashMap<>(b.logitBias));
+        minNewTokens = b.minNewTokens;
+        n = b.n;
+        promptLogprobs = b.promptLogprobs;
+    }
+
+    /** A builder holding Python's defaults. */
+    public static Builder builder() {
+        return new Builder();
+    }
+
+    /** Python's defaults (256 new tokens, greedy). */
+    public static SamplingParams defaults() {
+        return builder().build();
+    }
+
+    /** A builder holding this value's settings. */
+    public Builder toBuilder() {
+        Builder b = new Builder();
+        b.maxNewTokens = maxNewTokens;
+        b.temperature = temperature;
+        b.topP = topP;
+        b.seed = seed;
+        b.logprobs = logprobs;
+        b.stop.addAll(stop);
+        b.stopTokenIds.addAll(stopTokenIds);
+        b.speculativeTokens = speculativeTokens;
+        b.draftSampling = draftSampling;
+        b.topK = topK;
+        b.minP = minP;
+        b.repetitionPenalty = repetitionPenalty;
+        b.presencePenalty = presencePenalty;
+        b.frequencyPenalty = frequencyPenalty;
+        b.logitBias.putAll(logitBias);
+        b.minNewTokens = minNewTokens;
+        b.n = n;
+        b.promptLogprobs = promptLogprobs;
+        return b;
+    }
+
+    public int maxNewTokens() { return maxNewTokens; }
+    public double temperature() { return temperature; }
+    public double topP() { return topP; }
+    public long seed() { return seed; }
+    /** Null: no logprobs; 0: the chosen tokens' logprobs; k: also the top-k alternatives. */
+    public Integer logprobs() { return logprobs; }
+    /** Stop strings (unmodifiable). */
+    public List<String> stop() { return stop; }
+    /** Stop token ids (unmodifiable). */
+    public List<Integer> stopTokenIds() { return stopTokenIds; }
+    /** Null: the drafter's default. */
+    public Integer speculativeTokens() { return speculativeTokens; }
+    public String draftSampling() { return draftSampling; }
+    public int topK() { return topK; }
+    public double minP() { return minP; }
+    public double repetitionPenalty() { return repetitionPenalty; }
+    public double presencePenalty() { return presencePenalty; }
+    public double frequencyPenalty() { return frequencyPenalty; }
+    /** Token id to bias (unmodifiable, in insertion order). */
+    public Map<Integer, Double> logitBias() { return logitBias; }
+    public int minNewTokens() { return minNewTokens; }
+    public int n() { return n; }
+    /** Null: no prompt logprobs. */
+    public Integer promptLogprobs() { return promptLogprobs; }
+
+    @Override
+    public boolean equals(Object o) {
+        if (this == o) return true;
+        if (!(o instanceof SamplingParams)) return false;
+        SamplingParams p = (SamplingParams) o;
+        return maxNewTokens == p.maxNewTokens && Double.compare(temperature, p.temperature) == 0
+                && Double.compare(topP, p.topP) == 0 && seed == p.seed && Objects.equals(logprobs, p.logprobs)
+                && stop.equals(p.stop) && stopTokenIds.equals(p.stopTokenIds)
+                && Objects.equals(speculativeTokens, p.speculativeTokens)
+                && Objects.equals(draftSampling, p.draftSampling) && topK == p.topK
+                && Double.compare(minP, p.minP) == 0 && Double.compare(repetitionPenalty, p.repetitionPenalty) == 0
+                && Double.compare(presencePenalty, p.presencePenalty) == 0
+                && Double.compare(frequencyPenalty, p.frequencyPenalty) == 0 && logitBias.equals(p.logitBias)
+                && minNewTokens == p.minNewTokens && n == p.n && Objects.equals(promptLogprobs, p.promptLogprobs);
+    }
+
+    @Override
+    public int hashCode() {
+        return Objects.hash(maxNewTokens, temperature, topP, seed, logprobs, stop, stopTokenIds, speculativeTokens,
+                draftSampling, topK, minP, repetitionPenalty, presencePenalty, frequencyPenalty, logitBias,
+                minNewTokens, n, promptLogprobs);
+    }
+
+    @Override
+    public String toString() {
+        return "SamplingParams[maxNewTokens=" + maxNewTokens + ", temperature=" + temperature + ", topP=" + topP
+                + ", seed=" + seed + ", logprobs=" + logprobs + ", stop=" + stop + ", stopTokenIds=" + stopTokenIds
+                + ", speculativeTokens=" + speculativeTokens + ", draftSampling=" + draftSampling + ", topK=" + topK
+                + ", minP=" + minP + ", repetitionPenalty=" + repetitionPenalty + ", presencePenalty="
+                + presencePenalty + ", frequencyPenalty=" + frequencyPenalty + ", logitBias=" + logitBias
+                + ", minNewTokens=" + minNewTokens + ", n=" + n + ", promptLogprobs=" + promptLogprobs + "]";
+    }
+
+    /** A mutable builder; each method sets one field (see the class comment) and returns this builder. */
+    public static final class Builder {
+        private int maxNewTokens = 256;
+        private double temperature = 0.0;
+        private double topP = 1.0;
+        private long seed = 0;
+        private Integer logprobs = null;
+        private final List<String> stop = new ArrayList<>();
+        private final List<Integer> stopTokenIds = new ArrayList<>();
+        private Integer speculativeTokens = null;
+        private String draftSampling = "greedy";
+        private int topK = 0;
+        private double minP = 0.0;
+        private double repetitionPenalty = 1.0;
+        private double presencePenalty = 0.0;
+        private double frequencyPenalty = 0.0;
+        private final Map<Integer, Double> logitBias = new LinkedHashMap<>();
+        private int minNewTokens = 0;
+        private int n = 1;
+        private Integer promptLogprobs = null;
+
+        private Builder() {}
+
+        public Builder maxNewTokens(int v) { maxNewTokens = v; return this; }
+        public Builder temperature(double v) { temperature = v; return this; }
+        public Builder topP(double v) { topP = v; return this; }
+        public Builder seed(long v) { seed = v; return this; }
+        /** True: each chosen token's logprob (the same as {@code logprobs(0)}); false: none. */
+        public Builder logprobs(boolean v) { logprobs = v ? 0 : null; return this; }
+        /** Each chosen token's logprob and its {@code k} most likely alternatives (0: the chosen token's only). */
+        public Builder logprobs(int k) { logprobs = k; return this; }
+        /** Each prompt token's logprob and its {@code k} most likely alternatives; null for none. */
+        public Builder promptLogprobs(Integer k) { promptLogprobs = k; return this; }
+        /** Stop strings, replacing earlier ones (null: none). */
+        public Builder stop(List<String> texts) {
+            stop.clear();
+            if (texts != null) stop.addAll(texts);
+            return this;
+        }
+        /** Stop strings, replacing earlier ones. */
+        public Builder stop(String... texts) { return stop(texts == null ? null : java.util.Arrays.asList(texts)); }
+        /** Stop token ids, replacing earlier ones (EOS always stops). */
+        public Builder stopTokenIds(int... ids) {
+            stopTokenIds.clear();
+            if (ids != null) for (int id : ids) stopTokenIds.add(id);
+            return this;
+        }
+        /** Drafts per speculative round; null for the drafter's default, 0 for plain decoding. */
+        public Builder speculativeTokens(Integer v) { speculativeTokens = v; return this; }
+        /** "greedy" or "sample". */
+        public Builder draftSampling(String v) { draftSampling = v; return this; }
+        public Builder topK(int v) { topK = v; return this; }
+        public Builder minP(double v) { minP = v; return this; }
+        public Builder repetitionPenalty(double v) { repetitionPenalty = v; return this; }
+        public Builder presencePenalty(double v) { presencePenalty = v; return this; }
+        public Builder frequencyPenalty(double v) { frequencyPenalty = v; return this; }
+        /** Token id to bias, replacing earlier biases (null: none). */
+        public Builder logitBias(Map<Integer, Double> bias) {
+            logitBias.clear();
+            if (bias != null) logitBias.putAll(bias);
+            return this;
+        }
+        public Builder minNewTokens(int v) { minNewTokens = v; return this; }
+        /** Samples of the prompt, for {@link LanguageModel#generateSamples}. */
+        public Builder n(int v) { n = v; return this; }
+
+        /** The value; the builder may be reused. */
+        public SamplingParams build() {
+            return new SamplingParams(this);
+        }
+    }
+}
