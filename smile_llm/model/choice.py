@@ -2,9 +2,10 @@
 
 Each row keeps its own settings; the work is batched across rows: one pass of every processor over the rows that
 use it (``logits_processing.apply_rows``), one argmax, one ``sampling.probabilities`` per group of rows with the
-same warper settings, and one ``log_softmax`` for the rows that want logprobs. Only the draw itself is per row,
-from the row's positional generator (``PositionalRng``), so a seeded row draws the same token whichever rows it is
-batched with, and the same as a speculative round's target sample at that position.
+same warper settings, one inverse-transform draw for all sampled rows, and one ``log_softmax`` for the rows that
+want logprobs. Each row's uniform comes from its positional randomness (``PositionalRng.uniform``), so a seeded row
+draws the same token whichever rows it is batched with, and the same as a speculative round's target sample at
+that position.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .logits_processing import apply_rows
-from .sampling import probabilities
+from .sampling import draw, probabilities
 
 if TYPE_CHECKING:
     from .sequence import Sequence
@@ -26,10 +27,12 @@ def processed_rows(seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
     rows = [b for b, s in enumerate(seqs) if s.processing.active]
     if not rows:
         return logits
-    histories = [seqs[b].token_history(logits.shape[-1], logits.device) for b in rows]
-    seen = torch.stack([h.seen for h in histories])
-    counts = torch.stack([h.counts for h in histories])
     processing = [seqs[b].processing for b in rows]
+    seen = counts = None
+    if any(p.needs_history for p in processing):
+        histories = [seqs[b].token_history(logits.shape[-1], logits.device) for b in rows]
+        counts = torch.stack([h.counts for h in histories])
+        seen = torch.stack([h.prompt_seen for h in histories]) | (counts > 0)
     lengths = [len(seqs[b].tokens) for b in rows]
     if len(rows) == len(seqs):
         return apply_rows(processing, logits, seen, counts, lengths)
@@ -52,10 +55,9 @@ def choose_next(seqs: list[Sequence], logits: torch.Tensor) -> list[tuple[int, t
     for (temperature, top_p, top_k, min_p), rows in groups.items():
         probs = probabilities(processed[rows] if len(rows) < len(seqs) else processed, temperature, top_p, top_k,
                               min_p)
-        for i, b in enumerate(rows):
-            seq = seqs[b]
-            generator = seq.rng.at(len(seq.prompt) + len(seq.tokens))
-            tokens[b] = int(torch.multinomial(probs[i : i + 1], 1, generator=generator)[0, 0])
+        drawn = draw(probs, [seqs[b].rng.uniform(len(seqs[b].prompt) + len(seqs[b].tokens)) for b in rows]).tolist()
+        for b, token in zip(rows, drawn):
+            tokens[b] = token
     wanting = [b for b, s in enumerate(seqs) if s.logprobs is not None]
     logp: list[torch.Tensor | None] = [None] * len(seqs)
     if wanting:

@@ -241,7 +241,6 @@ class Decoder:
             return accept_rejection(d, draft_probs, p, seq.rng.at(first, seq.rng.ACCEPT))
         if seq.temperature == 0:
             return accept_greedy(d, logits.argmax(dim=-1).tolist())
-        targets = [int(sample(logits[j : j + 1], seq.temperature, seq.top_p, seq.rng.at(first + j),
-                              top_k=seq.top_k, min_p=seq.min_p)[0])
-                   for j in range(len(d) + 1)]
-        return accept_greedy(d, targets)
+        uniforms = [seq.rng.uniform(first + j) for j in range(len(d) + 1)]  # the draws plain decoding would make
+        targets = sample(logits, seq.temperature, seq.top_p, uniforms, top_k=seq.top_k, min_p=seq.min_p)
+        return accept_greedy(d, targets.tolist())

@@ -347,7 +347,12 @@ class LanguageModel:
         ``generate_kwargs`` are ``generate``'s (sampling, listener, stop, speculative_tokens, ...). A conversation
         that grows turn by turn reuses the earlier turns' KV through the prefix cache. Errors as ``encode_chat`` and
         ``generate``."""
-        ids = self.encode_chat(messages, True, tools, **(chat_template_kwargs or {}))
+        template_vars = dict(chat_template_kwargs or {})
+        if "tools" in template_vars:  # given among the template's variables, as transformers allows
+            if tools is not None:
+                raise ValueError("tools given twice: as chat(tools=...) and in chat_template_kwargs; give it once")
+            tools = template_vars.pop("tools")
+        ids = self.encode_chat(messages, True, tools, **template_vars)
         return self.generate(ids, max_new_tokens, n=n, **generate_kwargs)
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, **generate_kwargs: Any

@@ -35,6 +35,11 @@ class LogitsProcessing:
     eos_ids: tuple[int, ...] = ()
 
     @property
+    def needs_history(self) -> bool:
+        """Whether a processor reads the token statistics (``TokenHistory``)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
     def active(self) -> bool:
         """Whether any processor changes logits."""
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
@@ -53,22 +58,22 @@ class LogitsProcessing:
         return apply_rows([self] * logits.shape[0], logits, seen, counts, generated_len)
 
 
-def apply_rows(processing: Sequence[LogitsProcessing], logits: torch.Tensor, seen: torch.Tensor,
-               counts: torch.Tensor, generated_len: Sequence[int]) -> torch.Tensor:
+def apply_rows(processing: Sequence[LogitsProcessing], logits: torch.Tensor, seen: torch.Tensor | None,
+               counts: torch.Tensor | None, generated_len: Sequence[int]) -> torch.Tensor:
     """Processed float32 logits ``[N, V]`` (a new tensor), row i with ``processing[i]`` and its statistics (see
-    ``LogitsProcessing.apply_counts``): one tensor operation per processor for all rows. A processor that is off
-    for a row leaves that row exactly unchanged (a penalty of 1 or 0 is exact in float arithmetic)."""
+    ``LogitsProcessing.apply_counts``; None when no row's processors read them): one tensor operation per
+    processor for all rows. A processor that is off for a row leaves that row exactly unchanged (a penalty of 1 or
+    0 is exact in float arithmetic)."""
     out = logits.float().clone()
     dev, dt = out.device, out.dtype
-    repetition = [p.repetition_penalty for p in processing]
-    if any(r != 1.0 for r in repetition):
-        r = torch.tensor(repetition, dtype=dt, device=dev)[:, None]
+    r = _per_row([p.repetition_penalty for p in processing], dt, dev)
+    if not isinstance(r, float) or r != 1.0:
+        assert seen is not None
         out = torch.where(seen, torch.where(out < 0, out * r, out / r), out)
-    presence = [p.presence_penalty for p in processing]
-    frequency = [p.frequency_penalty for p in processing]
-    if any(presence) or any(frequency):
-        f = torch.tensor(frequency, dtype=dt, device=dev)[:, None]
-        pr = torch.tensor(presence, dtype=dt, device=dev)[:, None]
+    f = _per_row([p.frequency_penalty for p in processing], dt, dev)
+    pr = _per_row([p.presence_penalty for p in processing], dt, dev)
+    if not isinstance(f, float) or not isinstance(pr, float) or f or pr:
+        assert counts is not None
         out -= f * counts + pr * (counts > 0).to(dt)
     vocab = out.shape[-1]
     rows, ids, bias = [], [], []  # one indexed add for every listed token of every row (ids checked at creation)
@@ -92,34 +97,49 @@ def apply_rows(processing: Sequence[LogitsProcessing], logits: torch.Tensor, see
     return out
 
 
+def _per_row(values: list[float], dtype: torch.dtype, device: torch.device) -> float | torch.Tensor:
+    """One factor per row: the value itself when every row has it (a scalar operation, as in Hugging Face's
+    processors), else a ``[N, 1]`` tensor."""
+    if all(v == values[0] for v in values):
+        return values[0]
+    return torch.tensor(values, dtype=dtype, device=device)[:, None]
+
+
 class TokenHistory:
     """A request's token statistics for the processors, kept up to date as tokens are appended (``push``), so a
-    step costs O(vocab) tensor work, not a pass over the whole history: ``seen`` bool ``[V]`` (prompt or output)
-    and ``counts`` float32 ``[V]`` (output occurrences)."""
+    step costs O(vocab) tensor work, not a pass over the whole history: ``prompt_seen`` bool ``[V]`` (fixed) and
+    ``counts`` float32 ``[V]`` (output occurrences); a token was seen if it is in the prompt or counted. On the CPU a
+    push writes through a numpy view of ``counts`` (no tensor op per token)."""
 
     def __init__(self, prompt: Sequence[int], vocab: int, device: torch.device) -> None:
         self.vocab = vocab
-        self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self.prompt_seen = torch.zeros(vocab, dtype=torch.bool, device=device)
         ids = torch.tensor([t for t in prompt if 0 <= t < vocab], dtype=torch.int64, device=device)
-        self.seen[ids] = True
+        self.prompt_seen[ids] = True
         self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)
+        self._host = self.counts.numpy() if self.counts.device.type == "cpu" else None
         self.length = 0
+
+    @property
+    def seen(self) -> torch.Tensor:
+        """bool ``[V]``: in the prompt or the output."""
+        return self.prompt_seen | (self.counts > 0)
 
     def push(self, token: int) -> None:
         """Record one output token."""
         self.length += 1
         if 0 <= token < self.vocab:
-            self.seen[token] = True
-            self.counts[token] += 1
+            if self._host is not None:
+                self._host[token] += 1
+            else:
+                self.counts[token] += 1
 
     def rows(self, extra: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(seen, counts)`` ``[N, V]``: row i as if ``extra[i]`` were appended to the output."""
         n = len(extra)
-        seen = self.seen.expand(n, -1).clone()
         counts = self.counts.expand(n, -1).clone()
         for i, tokens in enumerate(extra):
             for t in tokens:
                 if 0 <= t < self.vocab:
-                    seen[i, t] = True
                     counts[i, t] += 1
-        return seen, counts
+        return self.prompt_seen | (counts > 0), counts

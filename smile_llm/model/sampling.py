@@ -8,10 +8,12 @@ import os
 
 import torch
 
+MASK64 = (1 << 64) - 1
+
 
 class PositionalRng:
     """Randomness keyed by (seed, token position, stream) instead of by draw count: the sample for position p uses a
-    generator seeded from ``(seed, p)`` alone. A seeded request therefore draws the same tokens whether it decodes
+    uniform (``uniform``) or a generator (``at``) derived from ``(seed, p)`` alone. A seeded request therefore draws the same tokens whether it decodes
     plainly or speculatively with greedy drafts, whatever the prefix cache held and however rounds fell. Seed 0
     picks a random base seed (nondeterministic). Streams: TARGET (the token itself), DRAFT and ACCEPT (rejection
     sampling's draft draws and uniforms)."""
@@ -21,6 +23,15 @@ class PositionalRng:
     def __init__(self, seed: int, device: torch.device) -> None:
         self.seed = seed if seed != 0 else int.from_bytes(os.urandom(8), "little") & ((1 << 63) - 1)
         self._gen = torch.Generator(device=device)
+
+    def uniform(self, position: int, stream: int = 0) -> float:
+        """A uniform in [0, 1) for ``position`` and ``stream`` (a splitmix64 hash of the three, 53 bits): the
+        target's draw at a position (``draw``), with no generator to reseed."""
+        x = (self.seed * 0x9E3779B97F4A7C15 + position * 0xD1B54A32D192ED03 + stream * 0x8CB92BA72F3D8DD7
+             + 0x632BE59BD9B4E019) & MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+        return ((x ^ (x >> 31)) >> 11) * 2.0**-53
 
     def at(self, position: int, stream: int = 0) -> torch.Generator:
         """The generator for ``position`` and ``stream``, freshly seeded (one object, reseeded on every call)."""
@@ -36,7 +47,7 @@ def probabilities(logits: torch.Tensor, temperature: float, top_p: float, top_k:
     """The distribution sampling draws from, with Hugging Face's warpers in their order: ``softmax(logits /
     temperature)`` over the ``top_k`` largest logits (0: all; ties with the k-th kept), restricted to the smallest
     set of most likely tokens whose mass reaches ``top_p``, then without tokens less likely than ``min_p`` times the
-    most likely one (not renormalised; ``multinomial`` does not need it). ``temperature`` must be > 0.
+    most likely one (not renormalised; ``draw`` does not need it). ``temperature`` must be > 0.
     ``[..., V]`` -> ``[..., V]``."""
     # shifted so the largest logit is 0: a tiny temperature sends the others to -inf, never to nan or +inf
     scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
@@ -56,14 +67,22 @@ def probabilities(logits: torch.Tensor, temperature: float, top_p: float, top_k:
     return probs
 
 
-def sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator, top_k: int = 0,
+def sample(logits: torch.Tensor, temperature: float, top_p: float, uniforms: list[float], top_k: int = 0,
            min_p: float = 0.0) -> torch.Tensor:
     """``logits`` float32 ``[B, V]`` (processed, see ``logits_processing``) -> the chosen tokens, int64 ``[B]``: the
-    argmax at temperature 0, else a draw from ``probabilities``."""
+    argmax at temperature 0, else a draw from ``probabilities`` with row b's uniform ``uniforms[b]`` (``draw``)."""
     if temperature == 0.0:
         return logits.argmax(dim=-1)
-    return torch.multinomial(probabilities(logits, temperature, top_p, top_k, min_p), 1,
-                             generator=generator).squeeze(-1)
+    return draw(probabilities(logits, temperature, top_p, top_k, min_p), uniforms)
+
+
+def draw(probs: torch.Tensor, uniforms: list[float]) -> torch.Tensor:
+    """One token per row of ``probs`` ``[B, V]`` (unnormalised, nonnegative), int64 ``[B]``: inverse transform
+    sampling with row b's uniform ``uniforms[b]`` in [0, 1) (the first index whose cumulative mass, in float64,
+    exceeds ``u * total``, so a token of zero mass is never drawn). One batched operation for all rows."""
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.tensor(uniforms, dtype=torch.float64, device=probs.device)[:, None]
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
 
 
 def top_logprobs(logp: torch.Tensor, k: int) -> dict[int, float]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .logits_processing import TokenHistory
+from .logits_processing import TokenHistory, apply_rows
 from .choice import choose_next
 from .sampling import PositionalRng, logprob_entries, top_logprobs
 from .tokenizer import StreamDecoder
@@ -169,8 +169,11 @@ class Sequence:
         ``extra[i]`` (a verify window's drafts before it); the logits themselves when no processor is on."""
         if not self.processing.active:
             return logits
-        seen, counts = self.token_history(logits.shape[-1], logits.device).rows(extra)
-        return self.processing.apply_counts(logits, seen, counts, [len(self.tokens) + len(e) for e in extra])
+        seen = counts = None
+        if self.processing.needs_history:
+            seen, counts = self.token_history(logits.shape[-1], logits.device).rows(extra)
+        return apply_rows([self.processing] * logits.shape[0], logits, seen, counts,
+                          [len(self.tokens) + len(e) for e in extra])
 
     def token_history(self, vocab: int, device: torch.device) -> TokenHistory:
         """The processors' statistics of this request's tokens (built on first use, then kept up to date by

@@ -118,6 +118,14 @@ def test_chat_generates_the_next_turn_and_reuses_the_earlier_turns(lm) -> None:
     assert second.stats["cached_tokens"] >= 4  # the first turn's KV, through the prefix cache
 
 
+def test_chat_takes_tools_as_an_argument_or_a_template_variable(lm) -> None:
+    direct = lm.chat(CONVERSATION[:2], 4, tools=TOOLS)
+    assert direct.prompt_tokens == lm.encode_chat(CONVERSATION[:2], tools=TOOLS)
+    assert lm.chat(CONVERSATION[:2], 4, chat_template_kwargs={"tools": TOOLS}).tokens == direct.tokens
+    with pytest.raises(ValueError, match="tools given twice"):
+        lm.chat(CONVERSATION[:2], 4, tools=TOOLS, chat_template_kwargs={"tools": TOOLS})
+
+
 @pytest.mark.parametrize("messages, match", [
     ([], "non-empty list"),
     ("hello", "non-empty list"),
