@@ -37,9 +37,11 @@ class AttentionBackend(Protocol):
     def plan(self, meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
              qo_indptr: torch.Tensor | None = None, causal: bool = True, sm_scale: float | None = None,
              logits_soft_cap: float | None = None, q_dtype: torch.dtype = torch.float32,
-             kv_dtype: torch.dtype = torch.float32) -> None:
+             kv_dtype: torch.dtype = torch.float32, custom_mask: torch.Tensor | None = None) -> None:
         """Once per forward, outside any CUDA-graph capture; all layers share it. Decode when ``qo_indptr`` is
-        None (one query per row); ragged prefill / verify otherwise (int32 ``[B+1]``)."""
+        None (one query per row); ragged prefill / verify otherwise (int32 ``[B+1]``). ``custom_mask`` (with
+        ``qo_indptr``; FlashInfer's format): bool, each row's ``[qo_len, kv_len]`` block row-major, concatenated;
+        True where the query sees the key (replaces the causal mask; a token-tree verify window)."""
         ...
 
     def run(self, q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, *, k_scale: float = 1.0,

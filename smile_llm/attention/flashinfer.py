@@ -336,10 +336,11 @@ class FlashInferBackend:
     def plan(self, meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
              qo_indptr: torch.Tensor | None = None, causal: bool = True, sm_scale: float | None = None,
              logits_soft_cap: float | None = None, q_dtype: torch.dtype = torch.float32,
-             kv_dtype: torch.dtype = torch.float32) -> None:
+             kv_dtype: torch.dtype = torch.float32, custom_mask: torch.Tensor | None = None) -> None:
         """Plan the kernel for one forward; every layer's ``run`` shares it. Decode when ``qo_indptr`` is None (one
         query per row); otherwise ragged prefill / verify with ``qo_indptr`` ``[B+1]`` (an integer tensor; int32 is
-        used as is) and the bottom-right causal mask when ``causal``. Reads the CSR on the host: never call it
+        used as is) and the bottom-right causal mask when ``causal``, or ``custom_mask`` (FlashInfer's prefill
+        ``custom_mask``: each row's ``[qo_len, kv_len]`` block, row-major, concatenated; a token-tree window). Reads the CSR on the host: never call it
         inside CUDA-graph capture. ValueError on a malformed CSR, a head count that is not a multiple, or (graph
         mode) a shape other than the captured one."""
         hq = _as_positive_int(num_qo_heads, "num_qo_heads")
@@ -367,6 +368,10 @@ class FlashInferBackend:
                 raise ValueError("this CUDA-graph backend reads its fixed qo_indptr (pool.verify_qo_indptr(batch, "
                                  "window_len)); pass that one or None")
 
+        if custom_mask is not None:
+            if qo_indptr is None or self.use_cuda_graph:
+                raise ValueError("custom_mask needs qo_indptr and an eager (not CUDA-graph) backend")
+            causal = False  # the mask decides; a query seeing no key is found from it below
         kv_lens = _host_kv_lens(meta)
         batch = len(kv_lens)
         if qo_indptr is None:
@@ -415,6 +420,9 @@ class FlashInferBackend:
                                                                                         "uniform_q_len"):
                     extra["uniform_q_len"] = int(qo_lens[0])
                 qo_arg = torch.from_numpy(qo_host.astype(np.int32)) if qo_host is not None else qo_indptr
+                if custom_mask is not None:
+                    extra["custom_mask"] = custom_mask.to(self.device, torch.bool)
+                    extra.pop("uniform_q_len", None)
                 wrapper.plan(qo_arg, indptr, indices, last, hq, hkv, d, meta.page_size, causal=bool(causal),
                              sm_scale=scale, logits_soft_cap=cap, q_data_type=q_dtype, kv_data_type=kv_dtype,
                              **extra)
@@ -428,7 +436,8 @@ class FlashInferBackend:
 
                 wrapper = self._wrappers[(kernel, None)] = ReferenceBackend()
             wrapper.plan(meta, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, qo_indptr=qo_indptr, causal=causal,
-                         sm_scale=scale, logits_soft_cap=cap, q_dtype=q_dtype, kv_dtype=kv_dtype)
+                         sm_scale=scale, logits_soft_cap=cap, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                         custom_mask=custom_mask)
         zero_rows = None
         if len(blind) and kernel != "reference":
             zero_rows = torch.from_numpy(blind).to(self.device)

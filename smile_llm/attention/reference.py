@@ -150,13 +150,13 @@ class ReferenceBackend:
     def plan(self, meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
              qo_indptr: torch.Tensor | None = None, causal: bool = True, sm_scale: float | None = None,
              logits_soft_cap: float | None = None, q_dtype: torch.dtype = torch.float32,
-             kv_dtype: torch.dtype = torch.float32) -> None:
+             kv_dtype: torch.dtype = torch.float32, custom_mask: torch.Tensor | None = None) -> None:
         """Validate ``meta`` and the shapes and precompute the forward's gather; ValueError on bad input (the
-        previous plan is then dropped)."""
+        previous plan is then dropped). ``custom_mask``: see ``plan_attention``."""
         self._plan = None
         self._plan = plan_attention(meta, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                                     qo_indptr=qo_indptr, causal=causal, sm_scale=sm_scale,
-                                    logits_soft_cap=logits_soft_cap)
+                                    logits_soft_cap=logits_soft_cap, custom_mask=custom_mask)
         self._dtypes = (q_dtype, kv_dtype)
 
     @overload
@@ -197,9 +197,12 @@ class ReferenceBackend:
 # ---------------------------------------------------------------------------------------------------- planning
 def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_heads: int, head_dim: int,
                    qo_indptr: Any = None, causal: bool = True, sm_scale: float | None = None,
-                   logits_soft_cap: float | None = None, num_pages: int | None = None) -> AttentionPlan:
+                   logits_soft_cap: float | None = None, num_pages: int | None = None,
+                   custom_mask: Any = None) -> AttentionPlan:
     """The gather indices and masks of one forward. ``meta.validate(num_pages)`` plus the checks FlashInfer skips
-    (head counts, ``qo_indptr``); ValueError on any of them."""
+    (head counts, ``qo_indptr``); ValueError on any of them. ``custom_mask`` (needs ``qo_indptr``; FlashInfer's
+    format): bool, each row's ``[qo_len, kv_len]`` block row-major, concatenated; True where query i sees key j.
+    It replaces the causal mask (a token-tree verify window attends to its ancestors only)."""
     if not isinstance(meta, FlashInferKvMetadata):
         raise ValueError(f"meta must be a FlashInferKvMetadata, got {type(meta).__name__}")
     for name, n in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
@@ -221,16 +224,21 @@ def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_head
     if cap is not None and cap < 0:
         raise ValueError(f"logits_soft_cap must be positive (or None / 0 for no cap), got {cap}")
 
+    visible = None if custom_mask is None else _custom_visibility(custom_mask, q_lens, kv_lens, qo_indptr)
+    if visible is not None:
+        causal = False  # the mask decides what each query sees
     max_pages = int(num_row_pages.max(initial=0))
     split = causal and qo_indptr is not None and cap is None and CPU_FLASH_LSE and device.type == "cpu" and \
         max_q >= CAUSAL_SPLIT_MIN and bool((q_lens <= kv_lens).all())
     if batch == 1 and not split and 0 < max_q <= kv_lens[0] and \
             _pages_per_chunk(1, ps, num_kv_heads, head_dim, num_qo_heads * max_q, max_pages) >= max_pages:
         return _plan_one_row(used, int(kv_lens[0]), max_q, ps, num_qo_heads, num_kv_heads, head_dim,
-                             causal and qo_indptr is not None, scale, cap, device)
+                             causal and qo_indptr is not None, scale, cap, device,
+                             None if visible is None else visible[0])
     table = np.zeros((batch, max_pages), dtype=np.int64)  # [B, Pmax]; pads read page 0 and are masked
     table[np.arange(max_pages) < num_row_pages[:, None]] = used  # row-major, so CSR order
-    shared_pages = _shared_pages(table, num_row_pages, kv_lens - q_lens, ps) if cap is None else 0
+    shared_pages = _shared_pages(table, num_row_pages, kv_lens - q_lens, ps) if cap is None and visible is None \
+        else 0
     if split and not shared_pages:
         windows = _causal_windows(table, kv_lens, q_lens, ps, num_qo_heads, num_kv_heads, head_dim, device)
         return AttentionPlan(batch, num_qo_heads, num_kv_heads, head_dim, ps, total_q, max_q,
@@ -259,7 +267,9 @@ def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_head
         pos = torch.arange(first * ps, end)  # [Lc]
         hidden = past_end = zero_rows = None
         lc = end - first * ps
-        if max_q and int(limit.min()) < end - 1:
+        if visible is not None:
+            hidden = torch.from_numpy(~visible[:, :, first * ps : end]).view(batch, 1, 1, max_q, -1).to(device)
+        elif max_q and int(limit.min()) < end - 1:
             hidden = (pos > limit_t[:, :, None]).view(batch, 1, 1, max_q, -1).to(device)
         if batch and int(kv_lens.min()) < end:
             past = pos.numpy() >= kv_lens[:, None]  # [B, Lc]
@@ -282,19 +292,43 @@ def plan_attention(meta: FlashInferKvMetadata, *, num_qo_heads: int, num_kv_head
 
 
 def _plan_one_row(pages: np.ndarray, kv_len: int, q_len: int, ps: int, hq: int, hkv: int, d: int, causal: bool,
-                  scale: float, cap: float | None, device: torch.device) -> AttentionPlan:
+                  scale: float, cap: float | None, device: torch.device,
+                  visible: np.ndarray | None = None) -> AttentionPlan:
     """``plan_attention`` of the commonest forward, one row whose ``q_len <= kv_len`` queries and keys fit one
-    chunk (single-stream decode, verify and prefill): what the general path builds, without its padding."""
+    chunk (single-stream decode, verify and prefill): what the general path builds, without its padding.
+    ``visible``: the row's custom mask ``[q_len, >= kv_len]`` (True: seen), instead of ``causal``."""
     slots = (pages[:, None] * ps + np.arange(ps)).reshape(-1)[:kv_len]
     rows = (slots[None, :] * hkv + np.arange(hkv)[:, None]).reshape(-1)  # [Hkv * L], head-major
     hidden = None
-    if causal and q_len > 1:  # query i sees keys up to i + kv_len - q_len
+    if visible is not None:
+        hidden = torch.from_numpy(~visible[:, :kv_len]).view(1, 1, 1, q_len, kv_len).to(device)
+    elif causal and q_len > 1:  # query i sees keys up to i + kv_len - q_len
         limit = torch.arange(kv_len - q_len, kv_len)
         hidden = (torch.arange(kv_len) > limit[:, None]).view(1, 1, 1, q_len, kv_len).to(device)
     first_slot = int(slots[0]) if kv_len and (np.diff(slots) == 1).all() else None
     chunk = _Chunk(torch.from_numpy(rows).to(device), kv_len, hidden, None, first_slot=first_slot)
     return AttentionPlan(1, hq, hkv, d, ps, q_len, q_len, int(pages.max()), scale, cap or None, device, None, None,
                          [chunk])
+
+
+def _custom_visibility(custom_mask: Any, q_lens: np.ndarray, kv_lens: np.ndarray, qo_indptr: Any) -> np.ndarray:
+    """A FlashInfer ``custom_mask`` (each row's ``[qo_len, kv_len]`` block, row-major, concatenated) as a padded
+    host array ``bool[B, Qmax, Lmax]`` (padding: not seen). ValueError without ``qo_indptr`` or for a wrong
+    length."""
+    if qo_indptr is None:
+        raise ValueError("custom_mask needs qo_indptr (a prefill or verify window)")
+    flat = (custom_mask.detach().cpu().numpy() if isinstance(custom_mask, torch.Tensor)
+            else np.asarray(custom_mask)).astype(bool).reshape(-1)
+    sizes = q_lens * kv_lens
+    if len(flat) != int(sizes.sum()):
+        raise ValueError(f"custom_mask must hold sum(qo_len * kv_len) = {int(sizes.sum())} entries (each row's "
+                         f"[qo_len, kv_len] block, row-major), got {len(flat)}")
+    visible = np.zeros((len(q_lens), int(q_lens.max(initial=0)), int(kv_lens.max(initial=0))), dtype=bool)
+    at = 0
+    for b, (q, k) in enumerate(zip(q_lens, kv_lens)):
+        visible[b, :q, :k] = flat[at : at + q * k].reshape(q, k)
+        at += q * k
+    return visible
 
 
 def _causal_windows(table: np.ndarray, kv_lens: np.ndarray, q_lens: np.ndarray, ps: int, hq: int, hkv: int, d: int,

@@ -119,6 +119,15 @@ class KvStore:
             self._k_raw.index_fill_(1, idx, 0)
             self._v_raw.index_fill_(1, idx, 0)
 
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Copy K and V of slots ``src`` to slots ``dst`` on every layer (all sources are read before any write, so
+        the two may overlap)."""
+        if len(src):
+            s = torch.from_numpy(src).to(self.device)
+            d = torch.from_numpy(dst).to(self.device)
+            self._k_raw.index_copy_(1, d, self._k_raw.index_select(1, s))
+            self._v_raw.index_copy_(1, d, self._v_raw.index_select(1, s))
+
     def copy_pages_out(self, page_ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw contents of ``page_ids`` on every layer, as host tensors ``[L, n*page_size, Hkv, D]``."""
         slots = self._page_slots(page_ids)

@@ -648,6 +648,16 @@ class KvCachePool:
 
     @_locked
     @_journaled
+    def move_kv(self, src_positions: Any, dst_positions: Any) -> None:
+        """Copy K and V of positions ``src_positions[b, j]`` to ``dst_positions[b, j]`` of each active row b, on every
+        layer (``int64[B, L]``; all sources are read before any write). A token-tree verify window compacts the KV of
+        its accepted path into consecutive positions with this, then seals the rest with ``truncate_to``.
+        ValueError unless every source is written and every destination lies in ``[matched, kv_len)`` of its row;
+        nothing changes then."""
+        self._require_step().move(self._kv, self._table.kv_len, src_positions, dst_positions)
+
+    @_locked
+    @_journaled
     def invalidate_range(self, from_pos: Any, end_pos: Any) -> None:
         """Zero K and V of positions ``[from_pos, end_pos)`` (ints or one per row) on every layer of the active
         rows, always through fresh indices (never the graph buffers); lowers ``kv_len`` to at most ``from_pos``.

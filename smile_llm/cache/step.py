@@ -203,6 +203,29 @@ class ActiveStep:
             kv.zero_slots(self.range_slots(sealed, written))
         return self.seal(kv_len, sealed)
 
+    def move(self, kv: KvStore, kv_len: np.ndarray, src: Any, dst: Any) -> None:
+        """Copy the KV of positions ``src[b, j]`` to ``dst[b, j]`` of every active row b on every layer (``int64[B,
+        L]`` each). ValueError unless every source was written (below ``kv_len``) and every destination lies in
+        ``[matched, kv_len)`` of its row (the prefix tree's pages are never written); ``kv_len`` is unchanged."""
+        src_a, dst_a = _positions(src, "src", self.batch), _positions(dst, "dst", self.batch)
+        if src_a.shape != dst_a.shape:
+            raise ValueError(f"move_kv needs src and dst of the same shape, got {src_a.shape} and {dst_a.shape}")
+        written = kv_len[self.rows][:, None]
+        if (src_a < 0).any() or (src_a >= written).any():
+            raise ValueError(f"move_kv sources must be written positions (below kv_len {written[:, 0].tolist()}), "
+                             f"got {src_a.tolist()}")
+        if (dst_a < self.matched[:, None]).any() or (dst_a >= written).any():
+            raise ValueError(f"move_kv destinations must lie in [matched, kv_len) of their row (matched "
+                             f"{self.matched.tolist()}, kv_len {written[:, 0].tolist()}), got {dst_a.tolist()}")
+        moving = src_a != dst_a
+        kv.copy_slots(self.position_slots(src_a)[moving.reshape(-1)], self.position_slots(dst_a)[moving.reshape(-1)])
+
+    def position_slots(self, pos: np.ndarray) -> np.ndarray:
+        """Slots of positions ``pos`` ``int64[B, L]`` (each within its row's capacity), row-major ``int64[B*L]``."""
+        ps = self.page_size
+        flat = (np.arange(self.batch) * self.page_table.shape[1])[:, None] + pos // ps
+        return (self.page_table.reshape(-1)[flat] * ps + pos % ps).reshape(-1)
+
     def invalidate(self, kv: KvStore, kv_len: np.ndarray, from_pos: Any, end_pos: Any) -> None:
         """Zero K and V of ``[from_pos, end_pos)`` of every active row on every layer and lower those rows' ``kv_len``
         to at most ``from_pos``. ValueError for a reversed range, one past a capacity, or one below a matched prefix."""
@@ -318,3 +341,12 @@ class ActiveStep:
         k, v = kv.read(layer, idx)
         shape = (self.batch, length, *kv.key_cache.shape[2:])
         return k.view(shape), v.view(shape)
+
+
+def _positions(value: Any, name: str, batch: int) -> np.ndarray:
+    """``value`` as ``int64[batch, L]`` positions; ValueError naming ``name`` for another shape or non-integers."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "iu" or arr.ndim != 2 or arr.shape[0] != batch:
+        raise ValueError(f"{name} must be integer positions of shape [{batch}, L] (one row per active request), got "
+                         f"{arr.dtype} {list(arr.shape)}")
+    return arr.astype(np.int64)

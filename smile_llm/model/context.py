@@ -26,12 +26,16 @@ class RopeTable:
         self._key: tuple[torch.device, torch.dtype] | None = None
         self._cos = self._sin = torch.empty(0)
 
-    def lookup(self, start: np.ndarray, seqlen: int, inv_freq: torch.Tensor,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin ``[B, S, 1, head_dim]`` of positions ``start[b] + [0, S)``."""
-        end = int(start.max()) + seqlen
+    def lookup(self, start: np.ndarray, seqlen: int, inv_freq: torch.Tensor, dtype: torch.dtype,
+               offsets: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[B, S, 1, head_dim]`` of positions ``start[b] + [0, S)``, or ``start[b] + offsets[b, s]``
+        (int64 ``[B, S]``: a token tree's depths)."""
+        end = int(start.max()) + (seqlen if offsets is None else int(offsets.max(initial=0)) + 1)
         if self._key != (inv_freq.device, dtype) or end > self._cos.shape[0]:
             self._build(max(2 * end, 1024, self._cos.shape[0]), inv_freq, dtype)
+        if offsets is not None:
+            idx = torch.from_numpy(start[:, None] + offsets).to(inv_freq.device)  # [B, S]
+            return self._cos[idx][:, :, None], self._sin[idx][:, :, None]
         if len(start) == 1:
             s = int(start[0])
             return self._cos[None, s : s + seqlen, None], self._sin[None, s : s + seqlen, None]
@@ -56,7 +60,8 @@ class ForwardContext:
     model, ``states``: the active rows' DeltaNet state (a ``StateStep`` over the pool's attached ``StatePool``;
     None without one). ``valid`` gives each row's real positions in a right-padded window; ``keep_states`` keeps
     the state after every window position (a verify window, see ``StateStep.rewind``); ``tp`` the tensor-parallel group
-whose ranks' partial outputs ``reduce`` sums (None: one rank). Created for one forward;
+whose ranks' partial outputs ``reduce`` sums (None: one rank); ``custom_mask`` replaces the causal mask (a token
+    tree's window, see ``draft_tree.window_mask``). Created for one forward;
     ``commit`` once the forward has succeeded records its KV as written (a forward that raises never commits, so
     ``kv_len`` never covers KV it did not compute; DeltaNet state is written layer by layer, and a forward that
     raises fails its rows, whose state is then released with them)."""
@@ -64,7 +69,7 @@ whose ranks' partial outputs ``reduce`` sums (None: one rank). Created for one f
     def __init__(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
                  rope: tuple[torch.Tensor, torch.Tensor], num_heads: int, num_kv_heads: int, head_dim: int,
                  dtype: torch.dtype, valid: np.ndarray | None = None, keep_states: bool = False,
-                 tp: TensorParallel | None = None) -> None:
+                 tp: TensorParallel | None = None, custom_mask: torch.Tensor | None = None) -> None:
         self.pool = pool
         self.tp = tp
         self.backend = backend
@@ -76,8 +81,13 @@ whose ranks' partial outputs ``reduce`` sums (None: one rank). Created for one f
         qo_indptr = None
         if seqlen > 1:
             qo_indptr = torch.arange(0, (self.batch + 1) * seqlen, seqlen, dtype=torch.int32, device=pool.device)
-        backend.plan(meta, num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                     qo_indptr=qo_indptr, causal=True, q_dtype=dtype, kv_dtype=pool.dtype)
+        if custom_mask is None:  # (backends written before custom masks take no such argument)
+            backend.plan(meta, num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                         qo_indptr=qo_indptr, causal=True, q_dtype=dtype, kv_dtype=pool.dtype)
+        else:
+            backend.plan(meta, num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                         qo_indptr=qo_indptr, causal=False, q_dtype=dtype, kv_dtype=pool.dtype,
+                         custom_mask=custom_mask)
         self.cos, self.sin = rope  # [B, S, 1, rotary_dim] each
         state_pools = pool.state_pools
         self.states = StateStep(state_pools[0], pool.active_request_ids, start, seqlen, pool.page_size, valid,

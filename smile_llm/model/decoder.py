@@ -11,7 +11,9 @@ possible after any mix of steps.
 from __future__ import annotations
 
 import time
-from typing import Any, cast
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -20,11 +22,14 @@ from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
 
 from .choice import choose_next
+from .draft_tree import DraftTree, TreeAccept, accept_tree, tree_nodes
 from .drafters import Drafter
 from .sampling import probabilities, sample
 from .sequence import Sequence
 from .speculative import AcceptResult, RoundRecord, accept_greedy, accept_rejection
 from .transformer import ForwardOutput, Transformer
+
+_P = TypeVar("_P")
 
 PREFILL_CHUNK = 1024  # prompt tokens per forward: bounds activation memory on long prompts
 BATCHED_PREFILL_TOKENS = 256  # a prompt left with at most this many positions may be prefilled with others
@@ -156,22 +161,41 @@ class Decoder:
         round per group), the others take a plain step together. A step of more than ``speculative_max_batch``
         rows is all plain (the drafter keeps absorbing their forwards, so drafting resumes when the batch shrinks)."""
         groups: dict[int, list[Sequence]] = {}
+        trees: dict[tuple[int, ...], list[Sequence]] = {}
         plain = []
         limit = self.speculative_max_batch
         drafting = self.drafter is not None and (limit is None or len(seqs) <= limit)
         for s in seqs:
             n = s.draft_budget() if drafting else 0
             if n >= 1 and self.drafter is not None and self.drafter.ready(s):
-                groups.setdefault(n, []).append(s)
+                if s.draft_tree is not None and s.tree_fits():
+                    trees.setdefault(s.draft_tree, []).append(s)
+                else:
+                    groups.setdefault(n, []).append(s)
             else:
                 plain.append(s)
         for n, group in sorted(groups.items()):
             assert self.drafter is not None
             size = max(1, self.drafter.max_batch(n))
             for i in range(0, len(group), size):
-                self.speculate(group[i : i + size], n)
+                chunk = group[i : i + size]
+                proposal = self._propose(chunk, lambda rows: self._linear_proposal(rows, n))
+                if proposal is None:
+                    plain.extend(chunk)  # the drafter failed this round: these rows take a plain step
+                else:
+                    self._verify(chunk, n, *proposal)
+        for branching, group in trees.items():
+            assert self.drafter is not None
+            size = max(1, self.drafter.max_batch(len(branching)))
+            for i in range(0, len(group), size):
+                chunk = group[i : i + size]
+                tree = self._propose(chunk, lambda rows: self._tree_proposal(rows, branching))
+                if tree is None:
+                    plain.extend(chunk)
+                else:
+                    self._verify_tree(chunk, branching, tree)
         if plain:  # eager while rows speculate: a decode replay after verify replays in one step is untested on a GPU
-            self.decode(plain, allow_graph=not groups)
+            self.decode(plain, allow_graph=not groups and not trees)
 
     # ------------------------------------------------------------------ plain step
     def decode(self, seqs: list[Sequence], allow_graph: bool = True) -> None:
@@ -193,12 +217,44 @@ class Decoder:
     # ------------------------------------------------------------------ speculative round
     def speculate(self, seqs: list[Sequence], n: int) -> list[AcceptResult]:
         """One round of ``n`` drafts for every sequence (each ``drafter.ready`` with ``draft_budget() >= n``):
-        propose, verify all windows in one forward, accept per row, seal the accepted KV and append the tokens."""
+        propose, verify all windows in one forward, accept per row, seal the accepted KV and append the tokens.
+        ValueError for a proposal of the wrong shape, dtype or vocabulary (``step`` turns that into a plain step)."""
+        return self._verify(seqs, n, *self._linear_proposal(seqs, n))
+
+    def _propose(self, seqs: list[Sequence], propose: Callable[[list[Sequence]], _P]) -> _P | None:
+        """``propose(seqs)``, or None when the drafter raised or proposed something unusable: the round is dropped
+        (each row's ``draft_errors`` counts it, with a RuntimeWarning naming the error) and the rows decode plainly
+        this step. Drafts are only proposals, so nothing else changes."""
+        try:
+            return propose(seqs)
+        except Exception as exc:  # the drafter's code: fail its round alone
+            for seq in seqs:
+                seq.draft_errors += 1
+            warnings.warn(f"drafter {type(self.drafter).__name__} failed a round of {len(seqs)} row(s) and they "
+                          f"decode plainly this step: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+            return None
+
+    def _linear_proposal(self, seqs: list[Sequence], n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The drafter's ``n`` drafts per row, checked: int64 ``[B, n]`` ids in the vocabulary (ValueError else)."""
         assert self.drafter is not None and n >= 1
         drafts, draft_probs = self.drafter.propose(seqs, n)
-        if tuple(drafts.shape) != (len(seqs), n) or drafts.dtype != torch.int64:
-            raise ValueError(f"the drafter proposed {drafts.dtype} {list(drafts.shape)}, "
-                             f"need int64 [{len(seqs)}, {n}]")
+        if not isinstance(drafts, torch.Tensor) or tuple(drafts.shape) != (len(seqs), n) or \
+                drafts.dtype != torch.int64:
+            got = f"{drafts.dtype} {list(drafts.shape)}" if isinstance(drafts, torch.Tensor) else repr(drafts)
+            raise ValueError(f"the drafter proposed {got}, need int64 [{len(seqs)}, {n}]")
+        self._check_vocab(drafts)
+        return drafts, draft_probs
+
+    def _check_vocab(self, tokens: torch.Tensor) -> None:
+        vocab = self.transformer.config.vocab_size
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+            raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {vocab}): "
+                             f"{tokens.tolist()}")
+
+    def _verify(self, seqs: list[Sequence], n: int, drafts: torch.Tensor,
+                draft_probs: torch.Tensor | None) -> list[AcceptResult]:
+        """Verify ``drafts`` ``[B, n]`` in one forward, accept per row, seal the accepted KV, append the tokens."""
+        assert self.drafter is not None
         drafts = drafts.to(self.pool.device)
         draft_probs = None if draft_probs is None else draft_probs.to(self.pool.device)
         self._activate(seqs)
@@ -226,6 +282,79 @@ class Decoder:
                 if seq.push(token, None if logp is None else logp[j]):
                     break
         return results
+
+    # ------------------------------------------------------------------ token-tree round
+    def speculate_tree(self, seqs: list[Sequence], branching: tuple[int, ...]) -> list[TreeAccept]:
+        """One token-tree round for every sequence (each ``tree_fits``): the drafter's trees, one verify forward
+        over each row's window ``[last, nodes]`` with the tree mask, acceptance of the longest path the target
+        follows (``draft_tree.accept_tree``), the accepted nodes' KV moved to consecutive positions, the rest sealed
+        (``truncate_to``), and the tokens appended. ValueError for an unusable proposal."""
+        return self._verify_tree(seqs, branching, self._tree_proposal(seqs, branching))
+
+    def _tree_proposal(self, seqs: list[Sequence], branching: tuple[int, ...]) -> DraftTree:
+        """The drafter's token trees, checked: a ``DraftTree`` of ``tree_nodes(branching)`` nodes per row, ids in
+        the vocabulary (ValueError else)."""
+        assert self.drafter is not None
+        tree = getattr(self.drafter, "propose_tree")(seqs, branching)
+        if not isinstance(tree, DraftTree) or tree.tokens.shape[0] != len(seqs) or \
+                tree.size != tree_nodes(branching):
+            raise ValueError(f"the drafter proposed {tree!r} for {len(seqs)} rows, need a DraftTree of "
+                             f"{tree_nodes(branching)} nodes per row")
+        self._check_vocab(tree.tokens)
+        return tree
+
+    def _verify_tree(self, seqs: list[Sequence], branching: tuple[int, ...], tree: DraftTree) -> list[TreeAccept]:
+        """Verify ``tree`` in one forward with the tree mask, accept, compact, seal and append (``speculate_tree``)."""
+        assert self.drafter is not None
+        tokens = tree.tokens.to(self.pool.device)
+        m = tree.size
+        self._activate(seqs)
+        last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64, device=self.pool.device)
+        start = np.array([s.last_pos for s in seqs], dtype=np.int64)
+        out = self.transformer(torch.cat([last, tokens], dim=1), start, self.pool, self.backend, tree=tree)
+        depths = tree.depths()
+        results = [self._accept_tree(seq, tree, b, depths[b], out.logits[b]) for b, seq in enumerate(seqs)]
+        kept = np.array([r.num_accepted for r in results], dtype=np.int64)
+        width = int(kept.max(initial=0))
+        if width:  # the accepted nodes' KV to positions start + 1 .. start + kept, in path order
+            dst = start[:, None] + 1 + np.arange(width)
+            src = dst.copy()
+            for b, r in enumerate(results):
+                src[b, : len(r.slots)] = start[b] + np.array(r.slots)
+            self.pool.move_kv(src, dst)
+        self.pool.truncate_to(start + 1 + kept, start + 1 + m)
+        drafted = tree.tokens.tolist()
+        for b, (seq, res) in enumerate(zip(seqs, results)):
+            seq.forwards += 1
+            seq.rounds += 1
+            seq.proposed += len(branching)
+            seq.accepted += res.num_accepted
+            seq.accept_lengths[len(res.tokens)] += 1
+            seq.on_round(RoundRecord(int(start[b]), m, tuple(drafted[b]), res.num_accepted, res.tokens,
+                                     tuple(int(p) for p in tree.parents[b])))
+            rows = [0, *res.slots]
+            self.drafter.commit(seq, out.hidden[b, rows])
+            logp = torch.log_softmax(out.logits[b, rows].float(), dim=-1) if seq.logprobs is not None else None
+            for j, token in enumerate(res.tokens):
+                if seq.push(token, None if logp is None else logp[j]):
+                    break
+        return results
+
+    @staticmethod
+    def _accept_tree(seq: Sequence, tree: DraftTree, row: int, depths: np.ndarray,
+                     logits: torch.Tensor) -> TreeAccept:
+        """The target's choice after every node (its processors applied as if the node's path were accepted; at
+        temperature > 0 the draw with the uniform of the position the choice fills, as plain decoding draws), then
+        the walk of ``accept_tree``."""
+        logits = seq.processed(logits, tree.paths(row))
+        if seq.temperature == 0:
+            targets = logits.argmax(dim=-1).tolist()
+        else:
+            first = seq.last_pos + 1  # the node at depth d predicts the token at first + d
+            uniforms = [seq.rng.uniform(first + int(d)) for d in depths]
+            targets = sample(logits, seq.temperature, seq.top_p, uniforms, top_k=seq.top_k,
+                             min_p=seq.min_p).tolist()
+        return accept_tree(tree.children(row), lambda slot: targets[slot])
 
     @staticmethod
     def _accept(seq: Sequence, drafts: torch.Tensor, draft_probs: torch.Tensor | None,

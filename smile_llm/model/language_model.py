@@ -313,7 +313,7 @@ class LanguageModel:
         ``listener``. ``logprobs``: True for the chosen tokens' logprobs, an int k in [1, 20] for the k most
         likely alternatives too (``Completion.top_logprobs``). ``options``: ``top_k``, ``min_p``,
         ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``min_new_tokens``,
-        ``prompt_logprobs`` (see ``SamplingParams``); speculation stays lossless with them."""
+        ``prompt_logprobs``, ``draft_tree`` (see ``SamplingParams``); speculation stays lossless with them."""
         params = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
                                 draft_sampling, n=n, **_option_fields(options))
         return self.submit(prompt, params, listener=listener, cancel=cancel, on_round=on_round).result()
@@ -435,7 +435,7 @@ class LanguageModel:
 
 
 OPTION_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
-                 "min_new_tokens", "prompt_logprobs")
+                 "min_new_tokens", "prompt_logprobs", "draft_tree")
 
 
 def _option_fields(given: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from .draft_tree import MAX_BRANCHING, MAX_TREE_NODES
 from .logits_processing import LogitsProcessing
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ MAX_SEED = (1 << 64) - 1
 DRAFT_SAMPLING = ("greedy", "sample")
 MAX_LOGPROBS = 20  # top alternatives per token (``logprobs``, ``prompt_logprobs``), as OpenAI and vLLM allow
 MAX_SAMPLES = 128  # ``n``: samples of one prompt
+MAX_TREE_DEPTH = 7  # ``draft_tree`` depths (the most drafts per round, MAX_SPECULATIVE_TOKENS)
 
 
 class GenerationCancelled(RuntimeError):
@@ -58,6 +60,9 @@ class SamplingParams:
     ``prompt_logprobs``: None, or k in [0, 20] for each prompt token's logprob and its k alternatives (the request
     then computes its whole prompt, without prefix reuse); ``n`` in [1, 128] samples of the prompt (its KV computed
     once, shared through the prefix cache; sample i > 0 draws with a seed derived from ``seed`` and i);
+    ``draft_tree``: a token tree of drafts per round, the number of alternatives at each depth (``draft_tree``
+    module: the drafter's chain plus its next most likely tokens as leaves; needs a drafter with ``propose_tree``
+    and a dense model on one rank);
     ``stop`` a token id, a string, or a list/tuple of those (EOS ids always stop); ``speculative_tokens`` None for the
     model's default, 0 for plain decoding; ``draft_sampling`` "greedy" or "sample". Sampling warpers (HF's):
     ``top_k`` (0: off), ``min_p`` in [0, 1]; processors (``logits_processing``; greedy decoding honours them too):
@@ -84,6 +89,7 @@ class SamplingParams:
     min_new_tokens: int = 0
     n: int = 1
     prompt_logprobs: int | None = None
+    draft_tree: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens):
@@ -130,6 +136,19 @@ class SamplingParams:
             if not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
                 raise ValueError(f"prompt_logprobs must be None or an int in [0, {MAX_LOGPROBS}], got "
                                  f"{self.prompt_logprobs}")
+        if self.draft_tree is not None:
+            tree = self.draft_tree
+            if not isinstance(tree, (tuple, list)) or not tree or not all(_is_int(b) for b in tree):
+                raise RequestTypeError(f"draft_tree must be None or a non-empty tuple of ints (alternatives per "
+                                       f"depth), got {tree!r}")
+            if len(tree) > MAX_TREE_DEPTH or not all(1 <= b <= MAX_BRANCHING for b in tree) or \
+                    sum(tree) > MAX_TREE_NODES:
+                raise ValueError(f"draft_tree must have 1..{MAX_TREE_DEPTH} depths of 1..{MAX_BRANCHING} "
+                                 f"alternatives each and at most {MAX_TREE_NODES} nodes in all, got {tree!r}")
+            object.__setattr__(self, "draft_tree", tuple(tree))
+            if self.speculative_tokens is not None and self.speculative_tokens != len(tree):
+                raise ValueError(f"speculative_tokens ({self.speculative_tokens}) must be None or the depth of "
+                                 f"draft_tree ({len(tree)})")
         if not _is_int(self.n):
             raise RequestTypeError(f"n must be an int, got {self.n!r}")
         if not 1 <= self.n <= MAX_SAMPLES:
@@ -244,6 +263,16 @@ class Request:
                                  f"outside the vocabulary")
             else:
                 stop_ids.add(entry)
+        if params.draft_tree is not None:
+            drafter = model.drafter
+            if drafter is None or not callable(getattr(drafter, "propose_tree", None)):
+                raise ValueError(f"draft_tree: this model's drafter ({type(drafter).__name__}) does not propose token "
+                                 f"trees (the MTP drafters do); drop draft_tree or load another drafter")
+            if model.pool.state_pools or model.tp.size > 1:
+                raise ValueError("draft_tree: token trees need a dense model on one rank (no DeltaNet layers, no "
+                                 "tensor parallelism)")
+            if params.speculative_tokens is None:
+                params = replace(params, speculative_tokens=len(params.draft_tree))
         outside = [t for t in (params.logit_bias or {}) if t >= vocab]
         if outside:
             raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}): got token id {outside[0]}, outside "

@@ -250,7 +250,7 @@ class Scheduler:
             if job not in self.running:
                 continue  # preempted for an older row
             need = seq.last_pos + 1  # a plain step writes the last token's KV
-            want = need + min(seq.speculative_tokens, max(0, seq.remaining - 1))
+            want = need + seq.round_span()
             while seq.capacity < want:
                 target = min(job.final_len, self._pages(want + GROW_DECODE_TOKENS) * pool.page_size)
                 try:

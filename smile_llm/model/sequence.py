@@ -19,6 +19,7 @@ import torch
 
 from .logits_processing import TokenHistory, apply_rows
 from .choice import choose_next
+from .draft_tree import tree_nodes
 from .sampling import PositionalRng, logprob_entries, top_logprobs
 from .tokenizer import StreamDecoder
 
@@ -64,6 +65,7 @@ class Sequence:
         self.listener = request.listener
         self.stop_ids, self.stop_texts = request.stop_ids, request.stop_texts
         self.speculative_tokens, self.draft_sampling = request.speculative_tokens, p.draft_sampling
+        self.draft_tree = p.draft_tree  # alternatives per depth of a token-tree round (None: linear drafts)
         self.history: Any = None  # the drafter's state for this request: set by its bind, cleared by its release
         self.tokens: list[int] = []
         self.logprobs: list[float] | None = [] if p.wants_logprobs else None
@@ -86,6 +88,7 @@ class Sequence:
         self.forwards = 0
         self.prefill_forwards = 0
         self.rounds = self.proposed = self.accepted = 0
+        self.draft_errors = 0  # rounds the drafter failed (raised or proposed something unusable): decoded plainly
         self.preemptions = 0  # times the scheduler paused it to make room (its KV offloaded, then restored)
         self.accept_lengths: Counter[int] = Counter()  # tokens per speculative round -> rounds
 
@@ -145,6 +148,20 @@ class Sequence:
         if not self.tokens:
             return 0
         return max(0, min(self.speculative_tokens, self.remaining - 1, self.capacity - self.last_pos - 1))
+
+    def tree_fits(self) -> bool:
+        """Whether the next round can be this request's whole token tree: its full depth is within the draft
+        budget and every node fits the bound capacity (otherwise the round drafts a chain of ``draft_budget``)."""
+        tree = self.draft_tree
+        return tree is not None and self.draft_budget() == len(tree) and \
+            self.last_pos + 1 + tree_nodes(tree) <= self.capacity
+
+    def round_span(self) -> int:
+        """Positions after ``last_pos`` the next round may write: the tree's nodes, or its drafts."""
+        depth = min(self.speculative_tokens, max(0, self.remaining - 1))
+        if self.draft_tree is not None and depth == len(self.draft_tree):
+            return tree_nodes(self.draft_tree)
+        return depth
 
     # ------------------------------------------------------------------ tokens
     def take_next(self) -> bool:
@@ -228,7 +245,8 @@ class Sequence:
     # ------------------------------------------------------------------ result
     def stats(self) -> dict[str, Any]:
         """The request's counters and timings: ``prompt_tokens``, ``cached_tokens``, ``generated_tokens``, ``forwards``,
-        ``speculative_rounds``, ``preemptions``, ``proposed_drafts``, ``accepted_drafts``, ``mean_accepted_length``,
+        ``speculative_rounds``, ``preemptions``, ``proposed_drafts``, ``accepted_drafts``, ``draft_errors`` (rounds the
+        drafter failed, decoded plainly instead), ``mean_accepted_length``,
         ``accept_length_histogram``, ``target_forwards_per_token`` (1.0 for plain decoding), ``prefill_s``,
         ``decode_s``, ``tokens_per_s``."""
         elapsed = time.perf_counter() - self.t0
@@ -243,6 +261,7 @@ class Sequence:
             "preemptions": self.preemptions,
             "proposed_drafts": self.proposed,
             "accepted_drafts": self.accepted,
+            "draft_errors": self.draft_errors,
             "mean_accepted_length": (sum(k * v for k, v in self.accept_lengths.items()) / self.rounds
                                      if self.rounds else 0.0),
             "accept_length_histogram": dict(sorted(self.accept_lengths.items())),

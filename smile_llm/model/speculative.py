@@ -51,6 +51,7 @@ class RoundRecord:
     drafts: tuple[int, ...]
     num_accepted: int
     tokens: tuple[int, ...]
+    parents: tuple[int, ...] | None = None  # a token-tree round: each draft's parent (0: the root); k is its nodes
 
 
 def accept_greedy(drafts: Sequence[int], target_samples: Sequence[int]) -> AcceptResult:

@@ -346,7 +346,33 @@ def test_bad_drafters_raise_value_error(plain_lm):
     wrong = WrongShape({tuple(prompt): [0] * NEW}, lm.config.vocab_size)
     spec = LanguageModel(lm.config, lm.transformer, lm.tokenizer, lm.pool, lm.backend, lm.max_seq_len,
                          drafter=wrong)
-    with pytest.raises(ValueError, match="int64"):
-        spec.generate(prompt, 8)
+    with pytest.warns(RuntimeWarning, match="int64"):  # the round fails alone; the row decodes plainly
+        out = spec.generate(prompt, 8)
+    assert out.tokens == lm.generate(prompt, 8, speculative_tokens=0).tokens
+    assert out.stats["draft_errors"] >= 1 and out.stats["speculative_rounds"] == 0
     assert wrong.bound == wrong.released == 1
+    assert_clean(lm.pool)
+
+
+class Raising(ScriptedDrafter):
+    def propose(self, seqs: list[Sequence], n: int) -> tuple[torch.Tensor, None]:
+        if self.calls % 2 == 0:
+            self.calls += 1
+            raise RuntimeError("lookup service down")
+        self.calls += 1
+        return torch.full((len(seqs), n), 10_000, dtype=torch.int64), None  # outside the vocabulary
+
+
+def test_a_drafter_that_raises_or_proposes_outside_the_vocabulary_fails_only_its_round(plain_lm):
+    lm = plain_lm
+    prompts = [lm.encode(p) for p in PROMPTS[:2]]
+    bad = Raising({}, lm.config.vocab_size)
+    bad.calls = 0
+    spec = LanguageModel(lm.config, lm.transformer, lm.tokenizer, lm.pool, lm.backend, lm.max_seq_len, drafter=bad)
+    with pytest.warns(RuntimeWarning) as caught:
+        outs = spec.generate_batch(prompts, 8)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "lookup service down" in messages and "outside the vocabulary" in messages
+    assert [o.tokens for o in outs] == [o.tokens for o in lm.generate_batch(prompts, 8, speculative_tokens=0)]
+    assert all(o.stats["draft_errors"] >= 2 for o in outs)
     assert_clean(lm.pool)

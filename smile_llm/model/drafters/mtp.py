@@ -18,9 +18,10 @@ import torch
 from ...attention.backend import AttentionBackend
 from ...cache import KvCachePool
 from ..config import MAX_SPECULATIVE_TOKENS
-from ..sampling import probabilities
+from ..draft_tree import DraftTree
 from ..sequence import Sequence
 from ..transformer import Transformer
+from .draft_choice import choose_drafts, draft_buffers
 
 
 @dataclass
@@ -55,6 +56,7 @@ class MtpDrafterBase:
     """Drafting from a model's MTP head through a draft pool (``pool``); per-request state in ``seq.history``."""
 
     def __init__(self, transformer: Transformer, pool: KvCachePool, backend: AttentionBackend) -> None:
+        self._depth_logits: list[torch.Tensor] | None = None  # set while propose_tree runs
         if transformer.mtp is None:
             raise ValueError(f"{type(self).__name__} needs a model with an MTP head")
         self.transformer, self.pool, self.backend = transformer, pool, backend
@@ -79,6 +81,18 @@ class MtpDrafterBase:
 
     def close(self) -> None:
         self.pool.close()
+
+    def propose_tree(self, seqs: list[Sequence], branching: tuple[int, ...]) -> DraftTree:
+        """A token tree per row (``draft_tree``): the head's chain of ``len(branching)`` drafts (as ``propose``
+        drafts it), and at each depth j the head's next ``branching[j] - 1`` most likely tokens as leaves beside
+        the chain's node (``DraftTree.chain_with_alternatives``). No extra forward of the head."""
+        self._depth_logits = []
+        try:
+            drafts, _ = getattr(self, "propose")(seqs, len(branching))
+            logits = torch.stack(self._depth_logits, dim=1)  # [B, k, V]
+        finally:
+            self._depth_logits = None
+        return DraftTree.chain_with_alternatives(drafts, logits, branching)
 
     def extend(self, seq: Sequence, hidden: torch.Tensor, start: int) -> None:
         """Queue the target's hidden rows ``[start, start + len)``. A gap (rows that do not follow the history)
@@ -132,22 +146,14 @@ class MtpDrafterBase:
         for h, end in zip(hist, last):
             h.filled, h.pending = int(end), []
         written_end = start0 + tokens.shape[1]
-        dev = self.pool.device
-        drafts = torch.empty(len(seqs), n, dtype=torch.int64, device=dev)
-        sampled = [s.draft_sampling == "sample" and s.temperature > 0 for s in seqs]
-        probs = torch.zeros(len(seqs), n, out.logits.shape[-1], device=dev) if any(sampled) else None
+        drafts, probs = draft_buffers(seqs, n, out.logits.shape[-1], self.pool.device)
         for d in range(n):
             if d > 0:
                 start = base + d - 1
                 out = self.transformer.draft(drafts[:, d - 1 : d], out.hidden[:, None], start, self.pool,
                                              self.backend)
                 written_end = np.maximum(written_end, start + 1)
-            drafts[:, d] = out.logits.argmax(dim=-1)
-            if probs is not None:
-                for b, seq in enumerate(seqs):
-                    if sampled[b]:
-                        q = probabilities(out.logits[b], seq.temperature, seq.top_p)
-                        probs[b, d] = q / q.sum()
-                        gen = seq.rng.at(int(last[b]) + 1 + d, seq.rng.DRAFT)
-                        drafts[b, d] = torch.multinomial(probs[b, d], 1, generator=gen)[0]
+            choose_drafts(seqs, out.logits, last + 1 + d, d, drafts, probs)
+            if self._depth_logits is not None:  # propose_tree ranks each depth's alternatives
+                self._depth_logits.append(out.logits)
         return drafts, probs, written_end
