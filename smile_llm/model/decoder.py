@@ -22,6 +22,7 @@ from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
 
 from .choice import choose_next
+from .draft_policy import DraftPolicy, ThroughputPolicy
 from .draft_tree import DraftTree, TreeAccept, accept_tree, tree_nodes
 from .drafters import Drafter
 from .sampling import probabilities, sample
@@ -46,6 +47,7 @@ class Decoder:
         self.transformer, self.pool, self.backend, self.drafter = transformer, pool, backend, drafter
         self.decode_graphs, self.verify_graphs = decode_graphs, verify_graphs
         self.speculative_max_batch: int | None = None  # a step with more rows decodes plainly; None: no limit
+        self.draft_policy: DraftPolicy = ThroughputPolicy()  # k per round of rows with speculative_tokens="auto"
 
     def _forward(self, tokens: torch.Tensor, start: np.ndarray, graphs: Any, use_graph: bool,
                  keep_states: bool = False) -> ForwardOutput:
@@ -167,6 +169,8 @@ class Decoder:
         drafting = self.drafter is not None and (limit is None or len(seqs) <= limit)
         for s in seqs:
             n = s.draft_budget() if drafting else 0
+            if n >= 1 and s.adaptive and self.drafter is not None and self.drafter.ready(s):
+                n = self.draft_policy.choose(s, n)
             if n >= 1 and self.drafter is not None and self.drafter.ready(s):
                 if s.draft_tree is not None and s.tree_fits():
                     trees.setdefault(s.draft_tree, []).append(s)
@@ -179,11 +183,16 @@ class Decoder:
             size = max(1, self.drafter.max_batch(n))
             for i in range(0, len(group), size):
                 chunk = group[i : i + size]
+                t0 = time.perf_counter()
                 proposal = self._propose(chunk, lambda rows: self._linear_proposal(rows, n))
                 if proposal is None:
                     plain.extend(chunk)  # the drafter failed this round: these rows take a plain step
-                else:
-                    self._verify(chunk, n, *proposal)
+                    continue
+                t1 = time.perf_counter()
+                results = self._verify(chunk, n, *proposal)
+                if any(s.adaptive for s in chunk):
+                    self.draft_policy.observe_round(chunk, n, [r.num_accepted for r in results], t1 - t0,
+                                                    time.perf_counter() - t1)
         for branching, group in trees.items():
             assert self.drafter is not None
             size = max(1, self.drafter.max_batch(len(branching)))
@@ -195,7 +204,10 @@ class Decoder:
                 else:
                     self._verify_tree(chunk, branching, tree)
         if plain:  # eager while rows speculate: a decode replay after verify replays in one step is untested on a GPU
+            t0 = time.perf_counter()
             self.decode(plain, allow_graph=not groups and not trees)
+            if any(s.adaptive for s in plain):
+                self.draft_policy.observe_plain(plain, time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ plain step
     def decode(self, seqs: list[Sequence], allow_graph: bool = True) -> None:

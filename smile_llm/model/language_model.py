@@ -28,6 +28,7 @@ from ..distributed.lockstep import Leader, follow
 from .config import MAX_SPECULATIVE_TOKENS, ModelConfig
 from .config_hybrid import FULL_ATTENTION
 from .decoder import Decoder
+from .draft_policy import DraftPolicy
 from .drafters import Drafter, build_drafter
 from .request import GenerationCancelled, Request, RequestHandle, SamplingParams
 from .samples import SampleGroup
@@ -199,6 +200,19 @@ class LanguageModel:
                           lambda pool, t, h, s, c: transformer.draft(t, h, s, pool, backend, c), self.pool.device)
         finally:
             self._close_pools()
+
+    @property
+    def draft_policy(self) -> DraftPolicy:
+        """The policy that chooses each round's drafts for requests with ``speculative_tokens="auto"``
+        (``draft_policy`` module; default ``ThroughputPolicy``, maximising expected tokens per second)."""
+        return self.decoder.draft_policy
+
+    @draft_policy.setter
+    def draft_policy(self, policy: DraftPolicy) -> None:
+        if not isinstance(policy, DraftPolicy):
+            raise ValueError(f"draft_policy must have choose, observe_round and observe_plain (DraftPolicy), got "
+                             f"{policy!r}")
+        self.decoder.draft_policy = policy
 
     @property
     def speculative_max_batch(self) -> int | None:

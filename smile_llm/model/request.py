@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from .config import MAX_SPECULATIVE_TOKENS
 from .draft_tree import MAX_BRANCHING, MAX_TREE_NODES
 from .logits_processing import LogitsProcessing
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 MAX_SEED = (1 << 64) - 1
 DRAFT_SAMPLING = ("greedy", "sample")
+AUTO = "auto"  # ``speculative_tokens="auto"``: the model's draft policy chooses k per round
 MAX_LOGPROBS = 20  # top alternatives per token (``logprobs``, ``prompt_logprobs``), as OpenAI and vLLM allow
 MAX_SAMPLES = 128  # ``n``: samples of one prompt
 MAX_TREE_DEPTH = 7  # ``draft_tree`` depths (the most drafts per round, MAX_SPECULATIVE_TOKENS)
@@ -55,7 +57,8 @@ def _is_number(value: Any) -> bool:
 class SamplingParams:
     """Per-request settings: greedy at ``temperature`` 0, nucleus sampling (``top_p``) otherwise; ``seed`` 0 is
     nondeterministic, any other seed in [-2**63, 2**64) reproducible (a negative seed is read as the unsigned
-    64-bit value of the same bits, as a Java ``long``); ``logprobs``: True (or 0) returns the chosen tokens'
+    64-bit value of the same bits, as a Java ``long``); ``speculative_tokens="auto"``: the model's draft policy
+    (``LanguageModel.draft_policy``, ``draft_policy`` module) chooses the drafts of every round, up to 7; ``logprobs``: True (or 0) returns the chosen tokens'
     logprobs, an int k in [1, 20] also the k most likely alternatives per token (``Completion.top_logprobs``);
     ``prompt_logprobs``: None, or k in [0, 20] for each prompt token's logprob and its k alternatives (the request
     then computes its whole prompt, without prefix reuse); ``n`` in [1, 128] samples of the prompt (its KV computed
@@ -78,7 +81,7 @@ class SamplingParams:
     seed: int = 0
     logprobs: bool | int = False
     stop: Any = None
-    speculative_tokens: int | None = None
+    speculative_tokens: int | str | None = None
     draft_sampling: str = "greedy"
     top_k: int = 0
     min_p: float = 0.0
@@ -110,11 +113,13 @@ class SamplingParams:
             raise ValueError(f"seed must be in [-2**63, 2**64), got {self.seed}")
         object.__setattr__(self, "seed", self.seed & MAX_SEED)  # a negative (e.g. Java long) seed: its 64 bits
         self._check_logprobs()
-        if self.speculative_tokens is not None:
-            if not _is_int(self.speculative_tokens):
-                raise RequestTypeError(f"speculative_tokens must be None or an int, got {self.speculative_tokens!r}")
+        if self.speculative_tokens is not None and self.speculative_tokens != AUTO:
+            if not isinstance(self.speculative_tokens, int) or isinstance(self.speculative_tokens, bool):
+                raise RequestTypeError(f'speculative_tokens must be None, "auto" or an int, got '
+                                       f"{self.speculative_tokens!r}")
             if self.speculative_tokens < 0:
-                raise ValueError(f"speculative_tokens must be None or an int >= 0, got {self.speculative_tokens}")
+                raise ValueError(f"speculative_tokens must be None, \"auto\" or an int >= 0, got "
+                                 f"{self.speculative_tokens}")
         if self.draft_sampling not in DRAFT_SAMPLING:
             raise ValueError(f'draft_sampling must be "greedy" or "sample", got {self.draft_sampling!r}')
         self._check_processors()
@@ -146,7 +151,7 @@ class SamplingParams:
                 raise ValueError(f"draft_tree must have 1..{MAX_TREE_DEPTH} depths of 1..{MAX_BRANCHING} "
                                  f"alternatives each and at most {MAX_TREE_NODES} nodes in all, got {tree!r}")
             object.__setattr__(self, "draft_tree", tuple(tree))
-            if self.speculative_tokens is not None and self.speculative_tokens != len(tree):
+            if self.speculative_tokens is not None and self.speculative_tokens != len(tree):  # "auto" too
                 raise ValueError(f"speculative_tokens ({self.speculative_tokens}) must be None or the depth of "
                                  f"draft_tree ({len(tree)})")
         if not _is_int(self.n):
@@ -229,6 +234,7 @@ class Request:
     listener: Any = None
     cancel: Callable[[], bool] | None = None
     on_round: Callable[[Any], None] | None = None
+    adaptive: bool = False  # the model's draft policy chooses each round's drafts, up to ``speculative_tokens``
 
     @classmethod
     def create(cls, model: LanguageModel, prompt: Any, params: SamplingParams | None = None, *,
@@ -277,9 +283,12 @@ class Request:
         if outside:
             raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}): got token id {outside[0]}, outside "
                              f"the vocabulary")
+        adaptive = params.speculative_tokens == AUTO
+        requested = params.speculative_tokens
+        drafts = model.speculative_tokens_for(MAX_SPECULATIVE_TOKENS if adaptive or isinstance(requested, str)
+                                              else requested)
         return cls(ids, params, min(params.max_new_tokens, model.max_seq_len - len(ids)), frozenset(stop_ids),
-                   tuple(stop_texts), model.speculative_tokens_for(params.speculative_tokens), listener, cancel,
-                   on_round)
+                   tuple(stop_texts), drafts, listener, cancel, on_round, adaptive and drafts > 0)
 
 
 class RequestHandle:

@@ -353,6 +353,9 @@ class Scheduler:
             drafter = self.model.drafter
             if drafter is not None:
                 drafter.release(seq)
+            forget = getattr(self.model.decoder.draft_policy, "forget", None)
+            if seq.adaptive and forget is not None:
+                forget(seq)
             pool = self.model.pool
             if insert and job.offload is None:
                 pool.finish_request(seq.request_id, seq.prompt + seq.tokens)

@@ -66,6 +66,7 @@ class Sequence:
         self.stop_ids, self.stop_texts = request.stop_ids, request.stop_texts
         self.speculative_tokens, self.draft_sampling = request.speculative_tokens, p.draft_sampling
         self.draft_tree = p.draft_tree  # alternatives per depth of a token-tree round (None: linear drafts)
+        self.adaptive = request.adaptive  # the model's draft policy chooses each round's drafts
         self.history: Any = None  # the drafter's state for this request: set by its bind, cleared by its release
         self.tokens: list[int] = []
         self.logprobs: list[float] | None = [] if p.wants_logprobs else None

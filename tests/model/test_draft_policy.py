@@ -1,0 +1,120 @@
+"""Adaptive draft counts (``speculative_tokens="auto"``): the built-in policy's estimates and choices on synthetic
+measurements, a policy of one's own driving real rounds, and output identical to plain decoding."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from smile_llm.model import LanguageModel
+from smile_llm.model.draft_policy import DraftPolicy, RunningFit, ThroughputPolicy
+
+from .conftest import assert_clean
+
+CODE = "def main(argv):\n    parser = argparse.ArgumentParser()\n"
+
+
+def row(rid: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(request_id=rid)
+
+
+def test_running_fit_recovers_a_line_and_uses_the_prior_slope_until_two_points() -> None:
+    fit = RunningFit()
+    fit.add(2, 5.0)
+    assert fit.predict(4, 0.5) == pytest.approx(6.0)  # through (2, 5) with the prior slope
+    for x in (1, 3, 5, 7):
+        fit.add(x, 1.0 + 2.0 * x)
+    assert fit.predict(10, 0.5) == pytest.approx(21.0, abs=1e-6)
+
+
+def feed(policy: ThroughputPolicy, kept: int, k: int, rounds: int = 30) -> None:
+    """Rounds on a machine where a plain step takes 10 ms, a verify window 10 ms + 1 ms per position and a draft
+    2 ms per token."""
+    for _ in range(rounds):
+        policy.observe_plain([row()], 0.010)
+        policy.observe_round([row()], k, [min(kept, k)], 0.002 * k, 0.010 + 0.001 * (k + 1))
+        policy.observe_round([row()], k + 1, [min(kept, k + 1)], 0.002 * (k + 1), 0.010 + 0.001 * (k + 2))
+
+
+def test_throughput_policy_drafts_long_when_drafts_are_kept_and_stops_when_they_are_not() -> None:
+    always = ThroughputPolicy()
+    feed(always, kept=7, k=5)
+    plain, rounds = always.costs()
+    assert plain == pytest.approx(0.010) and rounds[2] == pytest.approx(0.010 + 0.004 + 0.006, rel=1e-6)
+    assert always.acceptances(row())[0] > 0.95
+    assert always.choose(row(), 7) == 7 and always.choose(row(), 3) == 3
+    never = ThroughputPolicy()
+    feed(never, kept=0, k=2)
+    assert never.acceptances(row())[0] < 0.1
+    picks = [never.choose(row(), 7) for _ in range(ThroughputPolicy.PROBE_AFTER + 1)]
+    assert picks[:-1] == [0] * ThroughputPolicy.PROBE_AFTER and picks[-1] == 1  # then a probe round
+    # the first draft usually kept, the second rarely: k = 1 is best
+    mixed = ThroughputPolicy()
+    feed(mixed, kept=1, k=3)
+    a = mixed.acceptances(row())
+    assert a[0] > 0.9 and a[1] < 0.1 and mixed.choose(row(), 7) == 1
+    assert ThroughputPolicy.expected_tokens([0.5, 0.5], 2) == pytest.approx(1.75)
+    mixed.forget(row())
+    assert mixed.acceptances(row())[0] == pytest.approx(0.7)  # back to the prior
+
+
+@pytest.fixture(scope="module")
+def lm() -> LanguageModel:
+    return LanguageModel.default(max_seq_len=512)
+
+
+def test_auto_equals_plain_decoding_and_varies_k(lm) -> None:
+    plain = lm.generate(CODE, 80, speculative_tokens=0)
+    rounds = []
+    auto = lm.generate(CODE, 80, speculative_tokens="auto", on_round=rounds.append)
+    assert auto.tokens == plain.tokens
+    assert rounds and all(1 <= r.k <= 7 for r in rounds)
+    sampled = dict(temperature=0.8, seed=5)
+    assert lm.generate(CODE, 40, speculative_tokens="auto", **sampled).tokens == \
+        lm.generate(CODE, 40, speculative_tokens=0, **sampled).tokens
+    assert lm.generate_batch([CODE, "import os\n"], 30, speculative_tokens="auto")[1].tokens == \
+        lm.generate("import os\n", 30, speculative_tokens=0).tokens
+    assert_clean(lm.pool)
+
+
+class Schedule:
+    """A policy of one's own: k cycles through 1, 2, 3; it records what it is told."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self.rounds: list[tuple[int, list[int]]] = []
+        self.plain = 0
+
+    def choose(self, seq, budget: int) -> int:
+        self.turn += 1
+        return min(budget, 1 + self.turn % 3)
+
+    def observe_round(self, seqs, k, accepted, draft_s, verify_s) -> None:
+        assert draft_s >= 0 and verify_s > 0 and len(accepted) == len(seqs)
+        self.rounds.append((k, accepted))
+
+    def observe_plain(self, seqs, seconds) -> None:
+        self.plain += 1
+
+
+def test_a_policy_of_ones_own_drives_the_rounds(lm) -> None:
+    own = Schedule()
+    assert isinstance(own, DraftPolicy)
+    before = lm.draft_policy
+    lm.draft_policy = own
+    try:
+        rounds = []
+        out = lm.generate(CODE, 60, speculative_tokens="auto", on_round=rounds.append)
+        assert out.tokens == lm.generate(CODE, 60, speculative_tokens=0).tokens
+        assert [r.k for r in rounds] == [k for k, _ in own.rounds] and {r.k for r in rounds} == {1, 2, 3}
+        assert [r.num_accepted for r in rounds] == [a[0] for _, a in own.rounds]
+        fixed = lm.generate(CODE, 20, speculative_tokens=3, on_round=rounds.append)  # not "auto": no policy
+        assert fixed.tokens and len(own.rounds) == len(rounds) - fixed.stats["speculative_rounds"]
+    finally:
+        lm.draft_policy = before
+    with pytest.raises(ValueError, match="draft_policy"):
+        lm.draft_policy = object()  # type: ignore[assignment]
+    with pytest.raises((ValueError, TypeError), match="speculative_tokens"):
+        lm.generate(CODE, 4, speculative_tokens="fast")
+    assert_clean(lm.pool)
