@@ -156,7 +156,8 @@ class FakeDecode:
         meta = FlashInferKvMetadata(self._indptr, self._indices, self._last, plan["page_size"])  # type: ignore[arg-type]
         o, s = paged_attention(q, k, v, meta, qo_indptr=self._qo, causal=plan["causal"], sm_scale=sm_scale,
                                logits_soft_cap=cap, k_scale=1.0 if k_scale is None else k_scale,
-                               v_scale=1.0 if v_scale is None else v_scale, return_lse=True)
+                               v_scale=1.0 if v_scale is None else v_scale, return_lse=True,
+                               custom_mask=plan.get("custom_mask"))
         blind = torch.isneginf(s).all(dim=1)
         o[blind], s[blind] = float("nan"), float("nan")  # rows FlashInfer leaves undefined
         return (o, s) if return_lse else o
@@ -203,7 +204,7 @@ class FakePrefill(FakeDecode):
         super().plan(paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
                      head_dim_qk, page_size, logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
                      kv_data_type=kv_data_type, sm_scale=sm_scale)
-        self.plans[-1].update(qo_indptr=qo_indptr, causal=causal)
+        self.plans[-1].update(qo_indptr=qo_indptr, causal=causal, custom_mask=custom_mask)
 
 
 class FakeGraph:

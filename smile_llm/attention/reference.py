@@ -108,31 +108,33 @@ class AttentionPlan:
 def paged_attention(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, meta: FlashInferKvMetadata, *,
                     qo_indptr: Any = ..., causal: bool = ..., sm_scale: float | None = ...,
                     logits_soft_cap: float | None = ..., k_scale: float = ..., v_scale: float = ...,
-                    return_lse: Literal[False] = ...) -> torch.Tensor: ...
+                    return_lse: Literal[False] = ..., custom_mask: Any = ...) -> torch.Tensor: ...
 @overload
 def paged_attention(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, meta: FlashInferKvMetadata, *,
                     qo_indptr: Any = ..., causal: bool = ..., sm_scale: float | None = ...,
                     logits_soft_cap: float | None = ..., k_scale: float = ..., v_scale: float = ...,
-                    return_lse: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
+                    return_lse: Literal[True], custom_mask: Any = ...) -> tuple[torch.Tensor, torch.Tensor]: ...
 @overload
 def paged_attention(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, meta: FlashInferKvMetadata, *,
                     qo_indptr: Any = ..., causal: bool = ..., sm_scale: float | None = ...,
                     logits_soft_cap: float | None = ..., k_scale: float = ..., v_scale: float = ...,
-                    return_lse: bool = ...) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+                    return_lse: bool = ..., custom_mask: Any = ...) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ...
 def paged_attention(q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor, meta: FlashInferKvMetadata, *,
                     qo_indptr: Any = None, causal: bool = True, sm_scale: float | None = None,
                     logits_soft_cap: float | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
-                    return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                    return_lse: bool = False, custom_mask: Any = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q`` ``[total_q, Hq, D]`` over one layer's paged K/V (``[num_pages, page_size, Hkv, D]`` or
     ``[num_slots, Hkv, D]``) as listed by ``meta``. Decode when ``qo_indptr`` is None (one query per row);
-    otherwise ``qo_indptr`` (int ``[B+1]``, any device) gives each row's queries. Returns ``[total_q, Hq, D]`` in q's
-    dtype, or ``(out, lse)`` with ``lse`` ``float32[total_q, Hq]`` base 2. ValueError on malformed input."""
+    otherwise ``qo_indptr`` (int ``[B+1]``, any device) gives each row's queries, masked causally or by
+    ``custom_mask`` (see ``plan_attention``). Returns ``[total_q, Hq, D]`` in q's dtype, or ``(out, lse)`` with
+    ``lse`` ``float32[total_q, Hq]`` base 2. ValueError on malformed input."""
     if not isinstance(meta, FlashInferKvMetadata):
         raise ValueError(f"meta must be a FlashInferKvMetadata, got {type(meta).__name__}")
     q, k, v = _check_tensors(q, k_layer, v_layer, meta.page_size)
     plan = plan_attention(meta, num_qo_heads=q.shape[1], num_kv_heads=k.shape[2], head_dim=q.shape[2],
                           qo_indptr=qo_indptr, causal=causal, sm_scale=sm_scale, logits_soft_cap=logits_soft_cap,
-                          num_pages=k.shape[0])
+                          num_pages=k.shape[0], custom_mask=custom_mask)
     return run_attention(plan, q, k, v, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)
 
 

@@ -212,6 +212,35 @@ def test_prefill_plans_causal_ragged_windows(fake_flashinfer: type[FakeFlashInfe
     assert w.plans[-1]["qo_indptr"].dtype == torch.int32 and w.plans[-1]["qo_indptr"].tolist() == [0, 3, 5]
 
 
+def test_a_token_tree_mask_reaches_the_prefill_plan(fake_flashinfer: type[FakeFlashInfer]) -> None:
+    """A custom mask goes to FlashInfer's prefill ``plan`` (not causal); the stand-in's attention under it equals
+    the reference backend's; a mask without query windows is refused."""
+    from smile_llm.attention.reference import ReferenceBackend
+    from smile_llm.model.draft_tree import DraftTree, window_mask
+
+    tree = DraftTree(torch.zeros(2, 3, dtype=torch.int64), np.array([[0, 0, 1], [0, 1, 1]]))
+    meta = _csr([9, 14], 4)
+    qo = torch.tensor([0, 4, 8], dtype=torch.int32)
+    mask = window_mask(tree, np.array([5, 10]))
+    backend = FlashInferBackend("cpu")
+    backend.plan(meta, num_qo_heads=2, num_kv_heads=1, head_dim=8, qo_indptr=qo, q_dtype=torch.bfloat16,
+                 kv_dtype=torch.bfloat16, custom_mask=mask)
+    (w,) = fake_flashinfer.wrappers
+    plan = w.plans[0]
+    assert plan["causal"] is False and torch.equal(plan["custom_mask"], mask)
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.randn(16 * 4, 1, 8, generator=gen).to(torch.bfloat16)
+    q = torch.randn(8, 2, 8, generator=gen).to(torch.bfloat16)
+    got = backend.run(q, cache, cache.flip(0))
+    ref = ReferenceBackend()
+    ref.plan(meta, num_qo_heads=2, num_kv_heads=1, head_dim=8, qo_indptr=qo, q_dtype=torch.bfloat16,
+             kv_dtype=torch.bfloat16, custom_mask=mask)
+    torch.testing.assert_close(got, ref.run(q, cache, cache.flip(0)))
+    with pytest.raises(ValueError, match="custom_mask needs qo_indptr"):
+        backend.plan(meta, num_qo_heads=2, num_kv_heads=1, head_dim=8, q_dtype=torch.bfloat16,
+                     kv_dtype=torch.bfloat16, custom_mask=mask)
+
+
 def test_rows_that_see_no_key_come_out_zero_with_minus_inf_lse(fake_flashinfer: type[FakeFlashInfer]) -> None:
     backend = FlashInferBackend("cpu")
     cache = _cache(8, 4, 1, 8, torch.float16)

@@ -186,6 +186,24 @@ def test_verify_windows_match_reference(window: int) -> None:
     _eager_check(pool, meta, q, "prefill", qo_indptr=pool.verify_qo_indptr(3, window), causal=True)
 
 
+def test_token_tree_masks_match_reference() -> None:
+    """Token-tree verify windows: FlashInfer's prefill with ``custom_mask`` (ancestors only, RoPE aside) against
+    the reference under the same mask, ragged contexts."""
+    from smile_llm.model.draft_tree import DraftTree, window_mask
+
+    parents = np.array([[0, 0, 1, 1, 2, 0, 4], [0, 1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 2, 3, 3]])
+    tree = DraftTree(torch.zeros(parents.shape, dtype=torch.int64), parents)
+    starts = np.array([5, 16, 30])
+    window = tree.size + 1
+    gen = torch.Generator(device=DEVICE).manual_seed(21)
+    pool = _pool(16, 3 * 3 + 4, torch.bfloat16)
+    _bind_and_write(pool, 3, 48, 48, gen)
+    meta = pool.build_flashinfer_metadata((starts + window).tolist())
+    q = _randn((3 * window, NUM_KV_HEADS * 4, HEAD_DIM), torch.bfloat16, gen)
+    _eager_check(pool, meta, q, "prefill", qo_indptr=pool.verify_qo_indptr(3, window), causal=False,
+                 custom_mask=window_mask(tree, starts).to(DEVICE))
+
+
 @pytest.mark.parametrize("kernel", ["decode_tc", "prefill"])
 def test_logits_soft_cap_matches_reference(kernel: str) -> None:
     gen = torch.Generator(device=DEVICE).manual_seed(4)
