@@ -121,6 +121,14 @@ def cmd_cache_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spec_lab(args: argparse.Namespace) -> int:
+    """``smile-llm spec-lab``: compare drafters and draft counts on a workload against plain decoding
+    (``smile_llm.lab``). Returns 0, 1 when a configuration is not lossless, 2 for bad input."""
+    from .lab.command import run_command
+
+    return run_command(args, args.argv)
+
+
 def cmd_bench(args: list[str]) -> int:
     """``python -m benchmarks ARGS`` in the source checkout this package was installed from (the benchmarks are
     scripts beside the package, not part of it); exit code 2 with a hint when there is none."""
@@ -178,11 +186,37 @@ def main(argv: list[str] | None = None) -> int:
     cache.add_argument("--turns", type=int, default=6)
     cache.add_argument("--seed", type=int, default=7)
     cache.set_defaults(run=cmd_cache_demo)
+    lab = sub.add_parser("spec-lab", help="compare speculative drafters and draft counts on a workload against "
+                                          "plain decoding: table, plots, lossless checks (docs/speculative.md)")
+    lab.add_argument("--model", help="a checkpoint folder (default: the shipped model of --kind)")
+    lab.add_argument("--kind", choices=("dense", "hybrid"), default="dense",
+                     help="which shipped model, without --model")
+    lab.add_argument("--drafters", default="mtp,ngram",
+                     help="comma list of drafter= values (mtp, mtp-per-round, ngram, ...); default mtp,ngram")
+    lab.add_argument("--k", default="1-4", help="draft counts: a range or list, e.g. 1-6 or 1,3,5 (default 1-4)")
+    lab.add_argument("--trees", action="append", metavar="SHAPE",
+                     help="token-tree shapes, branching factors per depth (3,2,1); ';' between shapes; repeatable")
+    lab.add_argument("--policy", help="an adaptive speculative_tokens value, e.g. auto")
+    lab.add_argument("--workload", default="code", help="a JSONL file of prompts, or a shipped one: code, prose")
+    lab.add_argument("--new", type=int, default=128, help="new tokens per prompt unless the workload says otherwise")
+    lab.add_argument("--repeats", type=int, default=3, help="timed runs per prompt and configuration (medians)")
+    lab.add_argument("--temperature", type=float, default=0.0,
+                     help="0: greedy, outputs checked token for token; > 0: a distribution test")
+    lab.add_argument("--samples", type=int, default=200, help="draws per prompt for the distribution test")
+    lab.add_argument("--sample-prompts", type=int, default=3, help="prompts in the distribution test")
+    lab.add_argument("--sample-tokens", type=int, default=3, help="tokens per draw in the distribution test")
+    lab.add_argument("--seed", type=int, default=1234, help="base seed of sampled runs")
+    lab.add_argument("--threads", type=int, default=1, help="torch threads")
+    lab.add_argument("--prefix-reuse", action="store_true",
+                     help="keep prefix caching on (default off: every run prefills its whole prompt)")
+    lab.add_argument("--out", default="spec_lab_results", help="the results folder (default spec_lab_results)")
+    lab.set_defaults(run=cmd_spec_lab)
     sub.add_parser("bench", help="run the benchmark scripts of a source checkout: bench [all|quick|NAME ...] "
                                  "[--skip NAME ...] (see python -m benchmarks -h)")
     sub.add_parser("serve-jvm", help="run a JVM application on the Python bridge: serve-jvm --classpath app.jar "
                                      "--main com.example.App [--model DIR] -- args (see python -m java_bridge -h)")
     args = parser.parse_args(argv)
+    args.argv = list(argv)  # spec-lab records its command line
     return int(args.run(args))
 
 
