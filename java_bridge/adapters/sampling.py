@@ -15,18 +15,18 @@ from typing import Any
 
 from jpype import JClass
 
-from smile_llm.model.request import SamplingParams
+from smile_llm.model.request import AUTO, SamplingParams
 
 # Python field -> the Java SamplingParams builder's name (fields spelled alike in both are left out)
 BUILDER_NAMES = {"max_new_tokens": "maxNewTokens", "top_p": "topP", "top_k": "topK", "min_p": "minP",
                  "repetition_penalty": "repetitionPenalty", "presence_penalty": "presencePenalty",
                  "frequency_penalty": "frequencyPenalty", "logit_bias": "logitBias", "min_new_tokens": "minNewTokens",
                  "speculative_tokens": "speculativeTokens", "draft_sampling": "draftSampling",
-                 "prompt_logprobs": "promptLogprobs"}
+                 "prompt_logprobs": "promptLogprobs", "draft_tree": "draftTree"}
 # Python field -> the parameter of Smile's positional generate/submit/stream and GenerationRequest
 SMILE_NAMES = {"max_new_tokens": "maxGenLen", "top_p": "topp"}
 
-_LEADING_FIELD = re.compile(r"([a-z][a-z_]*)(?=[ \[])")
+_LEADING_FIELD = re.compile(r"([a-z][a-z_]*)(?=[ \[:])")  # "top_k must ...", "logit_bias[5] ...", "draft_tree: ..."
 
 
 def java_named(exc: Exception, names: Mapping[str, str]) -> Exception:
@@ -74,7 +74,8 @@ def python_params(params: Any) -> SamplingParams:
     naming the field (Java and Python names) for a bad value; ValueError for null.
 
     The Java ``logprobs`` (null, 0, or k) becomes False, True, or k; stop strings and stop token ids become one
-    ``stop`` list (strings first); an empty list or map becomes None."""
+    ``stop`` list (strings first); ``speculativeTokensAuto()`` becomes ``speculative_tokens="auto"``; the
+    ``draftTree`` list becomes a tuple; an empty list or map becomes None."""
     if params is None:
         raise ValueError("params must not be null: build one with SamplingParams.builder()...build()")
     if not is_java_params(params):
@@ -87,7 +88,8 @@ def python_params(params: Any) -> SamplingParams:
         "max_new_tokens": int(params.maxNewTokens()), "temperature": float(params.temperature()),
         "top_p": float(params.topP()), "seed": int(params.seed()),
         "logprobs": False if logprobs is None else True if int(logprobs) == 0 else int(logprobs),
-        "stop": stop or None, "speculative_tokens": _optional_int(params.speculativeTokens()),
+        "stop": stop or None,
+        "speculative_tokens": AUTO if params.speculativeTokensAuto() else _optional_int(params.speculativeTokens()),
         "draft_sampling": None if params.draftSampling() is None else str(params.draftSampling()),
         "top_k": int(params.topK()), "min_p": float(params.minP()),
         "repetition_penalty": float(params.repetitionPenalty()),
@@ -96,6 +98,7 @@ def python_params(params: Any) -> SamplingParams:
                        for k in bias.keySet()} or None,
         "min_new_tokens": int(params.minNewTokens()),
         "n": int(params.n()), "prompt_logprobs": _optional_int(params.promptLogprobs()),
+        "draft_tree": tuple(int(b) for b in params.draftTree()) or None,
     }
     with named_errors(BUILDER_NAMES):
         return SamplingParams(**fields)

@@ -1,11 +1,13 @@
 """``smile.llm.SamplingParams`` from Java: every builder field reaches Python's ``SamplingParams``; generation with
 the processors and warpers equals Python's; each bad value is an IllegalArgumentException naming the field by its
 Java and Python names, in every call that takes settings, with nothing queued or bound; the ``Stream`` and
-``Flow.Publisher`` forms; n samples and top-k / prompt logprobs against Python. The Java-side checks are
-``bridgetest.SamplingScenarios``."""
+``Flow.Publisher`` forms; n samples and top-k / prompt logprobs against Python; token-tree drafts
+(``draftTree``) and adaptive draft counts (``speculativeTokensAuto``) against Python and plain decoding. The
+Java-side checks are ``bridgetest.SamplingScenarios``."""
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -22,6 +24,7 @@ from .test_scenarios import run  # noqa: E402 - after require_java
 SCENARIOS = scenario_names("SamplingScenarios.java")
 NEW_TOKENS = 8 if os.environ.get("SMILE_TEST_SCALE", "full") == "ci" else 24
 PROMPT = "def fib(n):\n"  # SamplingScenarios.prompt()
+SPECULATIVE_TOKENS = 24  # past the default model's leading spaces after PROMPT, so drafts are rejected too
 
 
 @pytest.fixture
@@ -52,13 +55,30 @@ def test_every_builder_field_reaches_python(jvm: Jvm, java: Any) -> None:
     want = SamplingParams(max_new_tokens=7, temperature=0.7, top_p=0.9, seed=-5, logprobs=3,
                           stop=["\n\n", "return", 10, 11], speculative_tokens=2, draft_sampling="sample", top_k=40,
                           min_p=0.05, repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=-0.5,
-                          logit_bias={5: -2.0, 7: 1.5}, min_new_tokens=3, n=4, prompt_logprobs=2)
+                          logit_bias={5: -2.0, 7: 1.5}, min_new_tokens=3, n=4, prompt_logprobs=2, draft_tree=(2, 3))
     got = python_params(java.everyField())
     assert got == want
     assert got.seed == (1 << 64) - 5  # a negative Java long seed: its 64 bits, as in Python
     assert python_params(jvm.cls("smile.llm.SamplingParams").defaults()) == SamplingParams()
     assert python_params(builder(jvm).logprobs(True).build()).logprobs is True
     assert python_params(builder(jvm).logprobs(jvm.jpype.JInt(0)).build()).logprobs is True
+
+
+def test_draft_tree_and_auto_reach_python(jvm: Jvm) -> None:
+    from java_bridge.adapters.sampling import python_params
+
+    def py(b: Any) -> SamplingParams:
+        return python_params(b.build())
+
+    integer = jvm.jpype.JObject(3, "java.lang.Integer")
+    assert py(builder(jvm).speculativeTokensAuto()).speculative_tokens == "auto"
+    assert py(builder(jvm).speculativeTokensAuto().speculativeTokens(integer)).speculative_tokens == 3
+    assert py(builder(jvm).speculativeTokensAuto().speculativeTokens(None)).speculative_tokens is None
+    assert py(builder(jvm).speculativeTokens(integer).speculativeTokensAuto()).speculative_tokens == "auto"
+    assert py(builder(jvm).draftTree(3, 2, 2)).draft_tree == (3, 2, 2)
+    assert py(builder(jvm).draftTree(3, 2, 2).speculativeTokens(integer)).draft_tree == (3, 2, 2)
+    assert py(builder(jvm).draftTree(3, 2, 2).draftTree()).draft_tree is None
+    assert py(builder(jvm).draftTree(3, 2, 2).draftTree(None)).draft_tree is None
 
 
 @pytest.mark.parametrize("options", [
@@ -89,6 +109,58 @@ def test_generate_with_options_equals_python(jvm: Jvm, java: Any, options: dict[
     assert str(c.text()) == py.text and str(c.finishReason()) == py.finish_reason
 
 
+def stats(completion: Any) -> dict[str, Any]:
+    return dict(json.loads(str(completion.statsJson())))
+
+
+def speculative_counts(s: dict[str, Any]) -> tuple[int, int, int]:
+    return s["speculative_rounds"], s["proposed_drafts"], s["accepted_drafts"]
+
+
+def recording(monkeypatch: pytest.MonkeyPatch, owner: Any, method: str) -> list[tuple[Any, ...]]:
+    """The arguments of each call of ``owner.method`` from now on (the method still runs)."""
+    calls: list[tuple[Any, ...]] = []
+    real = getattr(owner, method)
+
+    def record(*args: Any) -> Any:
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(owner, method, record)
+    return calls
+
+
+def test_draft_tree_generate_equals_python_and_plain(jvm: Jvm, java: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    params = builder(jvm).maxNewTokens(SPECULATIVE_TOKENS).draftTree(3, 2, 2).build()
+    trees = recording(monkeypatch, jvm.model.drafter, "propose_tree")
+    c = java.generate(ids(jvm), params)  # listener text and a clean pool are checked in Java
+    assert trees and all(tuple(branching) == (3, 2, 2) for _, branching in trees)  # tree rounds, from Java
+    py = jvm.model.generate(PROMPT, SPECULATIVE_TOKENS, draft_tree=(3, 2, 2))
+    plain = jvm.model.generate(PROMPT, SPECULATIVE_TOKENS, speculative_tokens=0)
+    assert [int(t) for t in c.tokens()] == py.tokens == plain.tokens
+    assert str(c.text()) == py.text == plain.text and str(c.finishReason()) == py.finish_reason
+    got = stats(c)
+    assert got["speculative_rounds"] > 0 and got["draft_errors"] == 0
+    assert speculative_counts(got) == speculative_counts(py.stats)  # the same tree rounds as Python's
+    assert_nothing_queued(jvm)
+
+
+def test_speculative_tokens_auto_generate_equals_python_and_plain(jvm: Jvm, java: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    params = builder(jvm).maxNewTokens(SPECULATIVE_TOKENS).speculativeTokensAuto().build()
+    choices = recording(monkeypatch, jvm.model.decoder.draft_policy, "choose")
+    c = java.generate(ids(jvm), params)
+    assert choices  # the model's draft policy chose the rounds' drafts
+    py = jvm.model.generate(PROMPT, SPECULATIVE_TOKENS, speculative_tokens="auto")
+    plain = jvm.model.generate(PROMPT, SPECULATIVE_TOKENS, speculative_tokens=0)
+    assert [int(t) for t in c.tokens()] == py.tokens == plain.tokens
+    assert str(c.text()) == py.text == plain.text and str(c.finishReason()) == py.finish_reason
+    got = stats(c)  # the policy's k depends on measured step times: only that it drafted, cleanly
+    assert got["speculative_rounds"] > 0 and got["draft_errors"] == 0
+    assert_nothing_queued(jvm)
+
+
+TREE = "draftTree (draft_tree) must have 1..7 depths of 1..8 alternatives each and at most 32 nodes in all"
 BAD = [  # SamplingScenarios.bad(name) -> what the IllegalArgumentException's message holds
     ("maxNewTokens", "maxNewTokens (max_new_tokens) must be >= 0"),
     ("temperature", "temperature must be a finite number"),
@@ -101,7 +173,12 @@ BAD = [  # SamplingScenarios.bad(name) -> what the IllegalArgumentException's me
     ("logitBias", "logitBias (logit_bias)[5] must be a number in [-100, 100]"),
     ("logitBiasVocabulary", "logitBias (logit_bias) keys must be token ids in [0, 257)"),
     ("minNewTokens", "minNewTokens (min_new_tokens) must be >= 0"),
-    ("speculativeTokens", "speculativeTokens (speculative_tokens) must be None or an int >= 0"),
+    ("speculativeTokens", 'speculativeTokens (speculative_tokens) must be None, "auto" or an int >= 0'),
+    ("draftTree", f"{TREE}, got (0,)"),
+    ("draftTreeDepth", f"{TREE}, got (1, 1, 1, 1, 1, 1, 1, 1)"),
+    ("draftTreeNodes", f"{TREE}, got (8, 8, 8, 8, 8)"),
+    ("draftTreeAuto", "speculativeTokens (speculative_tokens) (auto) must be None or the depth of draft_tree (3)"),
+    ("draftTreeDepthMismatch", "speculativeTokens (speculative_tokens) (2) must be None or the depth of draft_tree"),
     ("draftSampling", 'draftSampling (draft_sampling) must be "greedy" or "sample"'),
     ("stopTokenIds", "stop entries must be token ids in [0, 257)"),
     ("stopNull", "stop entries must be token ids (ints >= 0) or strings, got None"),
@@ -118,6 +195,18 @@ def test_bad_value_is_refused_by_name_with_nothing_queued(jvm: Jvm, java: Any, h
     with pytest.raises(jvm.cls("java.lang.IllegalArgumentException")) as info:
         java.call(how, java.bad(name))
     assert message in str(info.value.getMessage())
+    assert_nothing_queued(jvm)
+
+
+@pytest.mark.parametrize("how", ["generate", "submit", "stream", "streamText", "generateSamples"])
+def test_draft_tree_refused_by_name_without_a_tree_drafter(jvm: Jvm, java: Any, how: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jvm.model, "drafter", None)  # Request.create reads it; the decoder is not reached
+    params = builder(jvm).maxNewTokens(4).draftTree(3, 2, 2).build()
+    with pytest.raises(jvm.cls("java.lang.IllegalArgumentException")) as info:
+        java.call(how, params)
+    assert "draftTree (draft_tree): this model's drafter (NoneType) does not propose token trees" in str(
+        info.value.getMessage())
     assert_nothing_queued(jvm)
 
 

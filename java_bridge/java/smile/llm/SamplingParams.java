@@ -33,8 +33,13 @@ import java.util.Objects;
  *     {@code presencePenalty} and {@code frequencyPenalty} (presence_penalty, frequency_penalty, 0.0, OpenAI's,
  *     in [-2, 2]), {@code logitBias} (logit_bias, token id to a bias in [-100, 100]), {@code minNewTokens}
  *     (min_new_tokens, 0: EOS is masked until then).
- * <li>{@code speculativeTokens} (speculative_tokens, null: the drafter's default; 0: plain decoding) and
- *     {@code draftSampling} (draft_sampling, "greedy" or "sample").
+ * <li>{@code speculativeTokens} (speculative_tokens, null: the drafter's default; 0: plain decoding), or
+ *     {@code speculativeTokensAuto()} (speculative_tokens="auto": the model's draft policy chooses the drafts of
+ *     every round), and {@code draftSampling} (draft_sampling, "greedy" or "sample").
+ * <li>{@code draftTree} (draft_tree, none): a token tree of drafts per round, the number of alternatives at each
+ *     depth, for example {@code draftTree(3, 2, 2)}: 1..7 depths of 1..8 alternatives, at most 32 nodes; the
+ *     model's drafter must propose trees (the MTP drafters do). Its depth is the round's drafts, so leave
+ *     {@code speculativeTokens} null (or set it to the depth).
  * <li>{@code n} (1): samples of one prompt, sharing its KV; more than one only through
  *     {@link LanguageModel#generateSamples}.
  * </ul>
@@ -58,6 +63,8 @@ public final class SamplingParams {
     private final int minNewTokens;
     private final int n;
     private final Integer promptLogprobs;
+    private final boolean speculativeTokensAuto;
+    private final List<Integer> draftTree;
 
     private SamplingParams(Builder b) {
         maxNewTokens = b.maxNewTokens;
@@ -78,6 +85,8 @@ public final class SamplingParams {
         minNewTokens = b.minNewTokens;
         n = b.n;
         promptLogprobs = b.promptLogprobs;
+        speculativeTokensAuto = b.speculativeTokensAuto;
+        draftTree = Collections.unmodifiableList(new ArrayList<>(b.draftTree));
     }
 
     /** A builder holding Python's defaults. */
@@ -111,6 +120,8 @@ public final class SamplingParams {
         b.minNewTokens = minNewTokens;
         b.n = n;
         b.promptLogprobs = promptLogprobs;
+        b.speculativeTokensAuto = speculativeTokensAuto;
+        b.draftTree.addAll(draftTree);
         return b;
     }
 
@@ -124,8 +135,12 @@ public final class SamplingParams {
     public List<String> stop() { return stop; }
     /** Stop token ids (unmodifiable). */
     public List<Integer> stopTokenIds() { return stopTokenIds; }
-    /** Null: the drafter's default. */
+    /** Null: the drafter's default (or the draft policy's choice when {@link #speculativeTokensAuto()}). */
     public Integer speculativeTokens() { return speculativeTokens; }
+    /** True: the model's draft policy chooses the drafts of every round (speculative_tokens="auto"). */
+    public boolean speculativeTokensAuto() { return speculativeTokensAuto; }
+    /** Alternatives per depth of a token-tree round (unmodifiable); empty for linear drafts. */
+    public List<Integer> draftTree() { return draftTree; }
     public String draftSampling() { return draftSampling; }
     public int topK() { return topK; }
     public double minP() { return minP; }
@@ -152,14 +167,15 @@ public final class SamplingParams {
                 && Double.compare(minP, p.minP) == 0 && Double.compare(repetitionPenalty, p.repetitionPenalty) == 0
                 && Double.compare(presencePenalty, p.presencePenalty) == 0
                 && Double.compare(frequencyPenalty, p.frequencyPenalty) == 0 && logitBias.equals(p.logitBias)
-                && minNewTokens == p.minNewTokens && n == p.n && Objects.equals(promptLogprobs, p.promptLogprobs);
+                && minNewTokens == p.minNewTokens && n == p.n && Objects.equals(promptLogprobs, p.promptLogprobs)
+                && speculativeTokensAuto == p.speculativeTokensAuto && draftTree.equals(p.draftTree);
     }
 
     @Override
     public int hashCode() {
         return Objects.hash(maxNewTokens, temperature, topP, seed, logprobs, stop, stopTokenIds, speculativeTokens,
                 draftSampling, topK, minP, repetitionPenalty, presencePenalty, frequencyPenalty, logitBias,
-                minNewTokens, n, promptLogprobs);
+                minNewTokens, n, promptLogprobs, speculativeTokensAuto, draftTree);
     }
 
     @Override
@@ -169,7 +185,8 @@ public final class SamplingParams {
                 + ", speculativeTokens=" + speculativeTokens + ", draftSampling=" + draftSampling + ", topK=" + topK
                 + ", minP=" + minP + ", repetitionPenalty=" + repetitionPenalty + ", presencePenalty="
                 + presencePenalty + ", frequencyPenalty=" + frequencyPenalty + ", logitBias=" + logitBias
-                + ", minNewTokens=" + minNewTokens + ", n=" + n + ", promptLogprobs=" + promptLogprobs + "]";
+                + ", minNewTokens=" + minNewTokens + ", n=" + n + ", promptLogprobs=" + promptLogprobs
+                + ", speculativeTokensAuto=" + speculativeTokensAuto + ", draftTree=" + draftTree + "]";
     }
 
     /** A mutable builder; each method sets one field (see the class comment) and returns this builder. */
@@ -192,6 +209,8 @@ public final class SamplingParams {
         private int minNewTokens = 0;
         private int n = 1;
         private Integer promptLogprobs = null;
+        private boolean speculativeTokensAuto = false;
+        private final List<Integer> draftTree = new ArrayList<>();
 
         private Builder() {}
 
@@ -219,8 +238,33 @@ public final class SamplingParams {
             if (ids != null) for (int id : ids) stopTokenIds.add(id);
             return this;
         }
-        /** Drafts per speculative round; null for the drafter's default, 0 for plain decoding. */
-        public Builder speculativeTokens(Integer v) { speculativeTokens = v; return this; }
+        /**
+         * Drafts per speculative round; null for the drafter's default, 0 for plain decoding. Clears
+         * {@link #speculativeTokensAuto()}.
+         */
+        public Builder speculativeTokens(Integer v) {
+            speculativeTokens = v;
+            speculativeTokensAuto = false;
+            return this;
+        }
+        /**
+         * The model's draft policy chooses the drafts of every round, from 0 (a plain step) up to the drafter's
+         * budget (speculative_tokens="auto"); {@link #speculativeTokens(Integer)} undoes it.
+         */
+        public Builder speculativeTokensAuto() {
+            speculativeTokens = null;
+            speculativeTokensAuto = true;
+            return this;
+        }
+        /**
+         * A token tree of drafts per round: the number of alternatives at each depth, for example
+         * {@code draftTree(3, 2, 2)}; replaces an earlier tree, and null or none clears it (linear drafts).
+         */
+        public Builder draftTree(int... branching) {
+            draftTree.clear();
+            if (branching != null) for (int b : branching) draftTree.add(b);
+            return this;
+        }
         /** "greedy" or "sample". */
         public Builder draftSampling(String v) { draftSampling = v; return this; }
         public Builder topK(int v) { topK = v; return this; }

@@ -47,7 +47,7 @@ public final class SamplingScenarios {
         return SamplingParams.builder().maxNewTokens(7).temperature(0.7).topP(0.9).seed(-5L).logprobs(3)
                 .stop("\n\n", "return").stopTokenIds(10, 11).speculativeTokens(2).draftSampling("sample").topK(40)
                 .minP(0.05).repetitionPenalty(1.1).presencePenalty(0.5).frequencyPenalty(-0.5).logitBias(bias)
-                .minNewTokens(3).n(4).promptLogprobs(2).build();
+                .minNewTokens(3).n(4).promptLogprobs(2).draftTree(2, 3).build();
     }
 
     /** The settings of case {@code name}: one bad field each (see the pytest table). */
@@ -66,6 +66,11 @@ public final class SamplingScenarios {
             case "logitBiasVocabulary": return b.logitBias(Map.of(99_999, 1.0)).build();
             case "minNewTokens": return b.minNewTokens(-1).build();
             case "speculativeTokens": return b.speculativeTokens(-1).build();
+            case "draftTree": return b.draftTree(0).build();
+            case "draftTreeDepth": return b.draftTree(1, 1, 1, 1, 1, 1, 1, 1).build();
+            case "draftTreeNodes": return b.draftTree(8, 8, 8, 8, 8).build();
+            case "draftTreeAuto": return b.draftTree(3, 2, 2).speculativeTokensAuto().build();
+            case "draftTreeDepthMismatch": return b.draftTree(3, 2, 2).speculativeTokens(2).build();
             case "draftSampling": return b.draftSampling("beam").build();
             case "stopTokenIds": return b.stopTokenIds(99_999).build();
             case "stopNull": return b.stop(java.util.Arrays.asList("x", null)).build();
@@ -133,7 +138,35 @@ public final class SamplingScenarios {
         eq(0, (long) SamplingParams.builder().logprobs(true).build().logprobs(), "logprobs(true) is 0");
         check(SamplingParams.builder().logprobs(3).logprobs(false).build().logprobs() == null, "logprobs(false)");
         check(p.toString().contains("topK=40"), "toString names the fields: " + p);
+        check(p.toString().contains("draftTree=[2, 3]"), "toString names draftTree: " + p);
         log.add(p.toString());
+        draftTreeAndAutoAreValueFields(p);
+    }
+
+    static void draftTreeAndAutoAreValueFields(SamplingParams p) {
+        eq(List.of(2, 3), p.draftTree(), "draftTree(2, 3)");
+        expect(UnsupportedOperationException.class, null, () -> p.draftTree().add(1));
+        int[] branching = {3, 2, 2};
+        SamplingParams.Builder b = SamplingParams.builder().draftTree(branching);
+        branching[0] = 7;
+        eq(List.of(3, 2, 2), b.build().draftTree(), "the builder copies the array");
+        check(b.draftTree().build().draftTree().isEmpty(), "draftTree() clears");
+        check(b.draftTree((int[]) null).build().draftTree().isEmpty(), "draftTree(null) clears");
+        check(SamplingParams.defaults().draftTree().isEmpty(), "no tree by default");
+        check(!p.equals(p.toBuilder().draftTree(2, 2).build()), "a changed tree differs");
+        eq(p, p.toBuilder().draftTree(9).draftTree(2, 3).build(), "a tree replaces the earlier one");
+
+        SamplingParams auto = p.toBuilder().speculativeTokensAuto().build();
+        check(auto.speculativeTokensAuto() && auto.speculativeTokens() == null, "speculativeTokensAuto()");
+        check(!SamplingParams.defaults().speculativeTokensAuto(), "not auto by default");
+        eq(auto, auto.toBuilder().build(), "toBuilder keeps auto");
+        eq(auto.hashCode(), auto.toBuilder().build().hashCode(), "equal hash codes with auto");
+        check(!auto.equals(p.toBuilder().speculativeTokens(null).build()), "auto differs from null");
+        check(auto.toString().contains("speculativeTokensAuto=true"), "toString names auto: " + auto);
+        SamplingParams three = auto.toBuilder().speculativeTokens(3).build();
+        check(!three.speculativeTokensAuto() && three.speculativeTokens() == 3, "speculativeTokens(3) clears auto");
+        check(!auto.toBuilder().speculativeTokens(null).build().speculativeTokensAuto(),
+                "speculativeTokens(null) clears auto");
     }
 
     @Scenario
