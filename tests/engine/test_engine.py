@@ -277,9 +277,9 @@ def test_speculative_max_batch_decodes_large_steps_plainly(lm, solo, monkeypatch
     """With ``speculative_max_batch = 2`` a step of more rows is plain; once rows finish and two or fewer are left,
     they speculate again from their kept draft history. Every row still gets its solo greedy tokens."""
     steps: list[tuple[str, int]] = []
-    real_spec, real_plain = lm.decoder.speculate, lm.decoder.decode
-    monkeypatch.setattr(lm.decoder, "speculate", lambda seqs, n: steps.append(("spec", len(seqs))) or
-                        real_spec(seqs, n))
+    real_spec, real_plain = lm.decoder._verify, lm.decoder.decode
+    monkeypatch.setattr(lm.decoder, "_verify", lambda seqs, n, drafts, probs: steps.append(("spec", len(seqs))) or
+                        real_spec(seqs, n, drafts, probs))
     monkeypatch.setattr(lm.decoder, "decode", lambda seqs, allow_graph=True: steps.append(("plain", len(seqs))) or
                         real_plain(seqs, allow_graph))
     with pytest.raises(ValueError, match="speculative_max_batch"):

@@ -126,21 +126,22 @@ class Round:
 
 
 class RoundSpy:
-    """Wraps ``lm.decoder.speculate`` to record every round of every row."""
+    """Wraps the decoder's verify of a linear round (``Decoder._verify``, after the drafter proposed) to record every
+    round of every row."""
 
     def __init__(self, lm: LanguageModel, monkeypatch: pytest.MonkeyPatch) -> None:
         self.rounds: list[Round] = []
-        real = lm.decoder.speculate
+        real = lm.decoder._verify
 
-        def spy(seqs, n):  # type: ignore[no-untyped-def]
+        def spy(seqs, n, drafts, probs):  # type: ignore[no-untyped-def]
             before = [(tuple(s.prompt), s.remaining, len(s.tokens)) for s in seqs]
-            results = real(seqs, n)
+            results = real(seqs, n, drafts, probs)
             assert len(results) == len(seqs)
             for (prompt, remaining, start), res in zip(before, results):
                 self.rounds.append(Round(prompt, n, remaining, start, res))
             return results
 
-        monkeypatch.setattr(lm.decoder, "speculate", spy)
+        monkeypatch.setattr(lm.decoder, "_verify", spy)
 
     def take(self, prompt: list[int] | None = None) -> list[Round]:
         """The recorded rounds (of ``prompt`` only, when given), removed from the log."""
