@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     lab.add_argument("--kind", choices=("dense", "hybrid"), default="dense",
                      help="which shipped model, without --model")
     lab.add_argument("--drafters", default="mtp,ngram",
-                     help="comma list of drafter= values (mtp, mtp-per-round, ngram, ...); default mtp,ngram")
+                     help="comma list of drafter= values (mtp, mtp-per-round, ngram, draft:PATH, a registered "
+                          "name, package.module:callable); default mtp,ngram")
     lab.add_argument("--k", default="1-4", help="draft counts: a range or list, e.g. 1-6 or 1,3,5 (default 1-4)")
     lab.add_argument("--trees", action="append", metavar="SHAPE",
                      help="token-tree shapes, branching factors per depth (3,2,1); ';' between shapes; repeatable")

@@ -89,8 +89,10 @@ class LanguageModel:
         ``cuda_graphs``: replay decode and verify forwards from CUDA graphs on CUDA with FlashInfer (no effect
         elsewhere; ``SMILE_CUDA_GRAPHS=0`` also turns them off). ``draft_kv`` (MTP models): "history" keeps each
         request's draft KV over its whole context (the default), "per_round" drafts context-free each round.
-        ``drafter``: "mtp" (the MTP head, when the checkpoint has one), "ngram" (prompt lookup, any model), None or
-        "none" (plain decoding), or your own ``smile_llm.model.drafters.Drafter`` (docs/speculative.md).
+        ``drafter``: "mtp" (the MTP head, when the checkpoint has one), "ngram" (prompt lookup, any model),
+        "draft:PATH" (a smaller checkpoint of the same vocabulary), a name given to ``register_drafter``, a
+        "package.module:callable" factory, None or "none" (plain decoding), or your own
+        ``smile_llm.model.drafters.Drafter`` (docs/speculative.md).
         ``speculative_max_batch``: see the property of that name. ``state_snapshots`` (hybrid models): prefix
         snapshots of the DeltaNet state kept for the prefix tree (default ``2 * max_batch_size``; each costs one
         request's state, ``StatePool.bytes_per_request``); a prefix hit needs one at the prefix's end, so 0 turns
