@@ -71,8 +71,9 @@ class ThroughputPolicy:
 
     Per request it counts, for each draft position j, how often a round reached it (the drafts before it were kept)
     and how often its draft was kept too, decayed by ``decay`` per round; the conditional acceptance ``a_j`` is
-    their ratio, starting from ``prior_acceptance`` worth ``prior_weight`` rounds, and a position never reached
-    takes the one before it. A round of k drafts then adds ``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k`` tokens
+    their ratio, shrunk (``prior_weight`` rounds) towards the same ratio over every request, which is itself
+    shrunk towards the position before (``prior_acceptance`` before any round): a new request starts from what
+    the model's drafts have been doing. A round of k drafts then adds ``E(k) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_k`` tokens
     on average."""
 
     PROBE_AFTER = 16  # a row held to plain steps this many times in a row drafts one token, to re-measure
@@ -85,16 +86,21 @@ class ThroughputPolicy:
         self.plain = RunningFit()  # seconds of a plain step (x = 0)
         self._seen: dict[int, tuple[list[float], list[float]]] = {}  # request id -> (kept[j], reached[j]), decayed
         self._plain_runs: dict[int, int] = {}  # request id -> plain steps chosen in a row
+        self._model_kept = [0.0] * self.DEPTH  # every request's counts, decayed per round (a new request's prior)
+        self._model_reached = [0.0] * self.DEPTH
 
     def acceptances(self, seq: Sequence) -> list[float]:
-        """The running chance that ``seq``'s draft at position j (1..DEPTH) is kept, given the ones before were."""
+        """The running chance that ``seq``'s draft at position j (1..DEPTH) is kept, given the ones before were: its
+        own counts, shrunk towards the model's (every request's, decayed) at that position, which a new request
+        starts from."""
         kept, reached = self._seen.get(seq.request_id, ([0.0] * self.DEPTH, [0.0] * self.DEPTH))
         out, prev = [], self.prior_acceptance
         for j in range(self.DEPTH):
+            if self._model_reached[j] > 0:  # the model's estimate, itself shrunk towards the position before
+                prev = (self._model_kept[j] + self.prior_weight * prev) / (self._model_reached[j] + self.prior_weight)
             w = self.prior_weight
-            if reached[j] > 0:
-                prev = (kept[j] + w * prev) / (reached[j] + w)  # shrunk towards the position before
-            out.append(min(max(prev, 0.0), 0.999))
+            own = (kept[j] + w * prev) / (reached[j] + w)
+            out.append(min(max(own, 0.0), 0.999))
         return out
 
     @staticmethod
@@ -147,9 +153,14 @@ class ThroughputPolicy:
             kept, reached = self._seen.get(seq.request_id, ([0.0] * self.DEPTH, [0.0] * self.DEPTH))
             kept = [d * x for x in kept]
             reached = [d * x for x in reached]
+            self._model_kept = [d * x for x in self._model_kept]
+            self._model_reached = [d * x for x in self._model_reached]
             for j in range(min(n + 1, k)):  # positions 0..n reached (n kept, then the first rejected one)
                 reached[j] += 1
-                kept[j] += 1 if j < n else 0
+                self._model_reached[j] += 1
+                if j < n:
+                    kept[j] += 1
+                    self._model_kept[j] += 1
             self._seen[seq.request_id] = (kept, reached)
 
     def observe_plain(self, seqs: list[Sequence], seconds: float) -> None:

@@ -55,8 +55,10 @@ def test_throughput_policy_drafts_long_when_drafts_are_kept_and_stops_when_they_
     a = mixed.acceptances(row())
     assert a[0] > 0.9 and a[1] < 0.1 and mixed.choose(row(), 7) == 1
     assert ThroughputPolicy.expected_tokens([0.5, 0.5], 2) == pytest.approx(1.75)
+    assert ThroughputPolicy().acceptances(row())[0] == pytest.approx(0.7)  # before any round: the prior
     mixed.forget(row())
-    assert mixed.acceptances(row())[0] == pytest.approx(0.7)  # back to the prior
+    fresh = mixed.acceptances(row(2))  # a new request starts from what every request's drafts have done
+    assert mixed.acceptances(row()) == fresh and fresh[0] > 0.9 and fresh[1] < 0.1
 
 
 @pytest.fixture(scope="module")
