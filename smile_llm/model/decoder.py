@@ -83,8 +83,8 @@ class Decoder:
             seq.prefill_forwards += 1
             seq.prefilled = stop
             if self.drafter is not None:
-                self.drafter.extend(seq, out.hidden[0], start)
-                self.drafter.absorb([seq])
+                self.drafter_call([seq], "extend", seq, out.hidden[0], start)
+                self.drafter_call([seq], "absorb", [seq])
         seq.prefill_s = time.perf_counter() - seq.t0
         return seq.prefilled == len(seq.prompt)
 
@@ -115,9 +115,9 @@ class Decoder:
             seq.prefilled = len(seq.prompt)
             seq.prefill_s = time.perf_counter() - seq.t0
             if self.drafter is not None:
-                self.drafter.extend(seq, out.hidden[b, : rem[b]], int(start[b]))
+                self.drafter_call([seq], "extend", seq, out.hidden[b, : rem[b]], int(start[b]))
         if self.drafter is not None:
-            self.drafter.absorb(seqs)
+            self.drafter_call(seqs, "absorb", seqs)
 
     @staticmethod
     def padded_prefill_fits(seqs: list[Sequence]) -> bool:
@@ -169,9 +169,11 @@ class Decoder:
         drafting = self.drafter is not None and (limit is None or len(seqs) <= limit)
         for s in seqs:
             n = s.draft_budget() if drafting else 0
-            if n >= 1 and s.adaptive and self.drafter is not None and self.drafter.ready(s):
+            ready = n >= 1 and not s.drafter_failed and self.drafter is not None and \
+                bool(self.drafter_call([s], "ready", s))
+            if ready and s.adaptive:
                 n = self.draft_policy.choose(s, n)
-            if n >= 1 and self.drafter is not None and self.drafter.ready(s):
+            if ready and n >= 1:
                 if s.draft_tree is not None and s.tree_fits():
                     trees.setdefault(s.draft_tree, []).append(s)
                 else:
@@ -222,7 +224,7 @@ class Decoder:
             seq.logits = logits[b : b + 1]
             seq.forwards += 1
             if self.drafter is not None:
-                self.drafter.extend(seq, out.hidden[b], int(start[b]))
+                self.drafter_call([seq], "extend", seq, out.hidden[b], int(start[b]))
         for seq, (token, logp) in zip(seqs, choose_next(seqs, logits)):  # the choice batched across rows
             seq.push(token, logp)
 
@@ -244,6 +246,28 @@ class Decoder:
                 seq.draft_errors += 1
             warnings.warn(f"drafter {type(self.drafter).__name__} failed a round of {len(seqs)} row(s) and they "
                           f"decode plainly this step: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+            return None
+
+    def drafter_call(self, seqs: list[Sequence], hook: str, *args: Any) -> Any:
+        """``drafter.<hook>(*args)`` for the rows ``seqs``; when it raises, the drafter is done with them: each stops
+        drafting (``drafter_failed``: no further hook but its ``release``) and counts a ``draft_errors``, a
+        RuntimeWarning names the error, and None is returned. The target's work and the rows' tokens are
+        unaffected. Every drafter hook of the decoder and the scheduler goes through here."""
+        assert self.drafter is not None
+        if hook != "release":  # a row whose drafter failed hears nothing more from it but its release
+            live = [seq for seq in seqs if not seq.drafter_failed]
+            if not live:
+                return None
+            if hook == "absorb":
+                args = (live,)
+        try:
+            return getattr(self.drafter, hook)(*args)
+        except Exception as exc:  # the drafter's code: the rows go on without it
+            for seq in seqs:
+                seq.draft_errors += 1
+                seq.drafter_failed = True
+            warnings.warn(f"drafter {type(self.drafter).__name__}.{hook} failed for {len(seqs)} row(s), which "
+                          f"decode plainly from now on: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
             return None
 
     def _linear_proposal(self, seqs: list[Sequence], n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -288,7 +312,7 @@ class Decoder:
             seq.accepted += res.num_accepted
             seq.accept_lengths[res.num_tokens] += 1
             seq.on_round(RoundRecord(int(start[b]), n, tuple(drafted[b]), res.num_accepted, res.tokens))
-            self.drafter.commit(seq, out.hidden[b, : res.num_tokens])
+            self.drafter_call([seq], "commit", seq, out.hidden[b, : res.num_tokens])
             logp = torch.log_softmax(out.logits[b].float(), dim=-1) if seq.logprobs is not None else None
             for j, token in enumerate(res.tokens):
                 if seq.push(token, None if logp is None else logp[j]):
@@ -345,7 +369,7 @@ class Decoder:
             seq.on_round(RoundRecord(int(start[b]), m, tuple(drafted[b]), res.num_accepted, res.tokens,
                                      tuple(int(p) for p in tree.parents[b])))
             rows = [0, *res.slots]
-            self.drafter.commit(seq, out.hidden[b, rows])
+            self.drafter_call([seq], "commit", seq, out.hidden[b, rows])
             logp = torch.log_softmax(out.logits[b, rows].float(), dim=-1) if seq.logprobs is not None else None
             for j, token in enumerate(res.tokens):
                 if seq.push(token, None if logp is None else logp[j]):

@@ -160,7 +160,8 @@ class Scheduler:
             job.seq, job.admitted = seq, next(self._admissions)
             drafter = self.model.drafter
             if seq.speculative_tokens and drafter is not None:
-                drafter.bind(seq, job.final_len)  # a full draft pool only means this request decodes plainly
+                # a full draft pool only means this request decodes plainly; so does a drafter that raises
+                self.model.decoder.drafter_call([seq], "bind", seq, job.final_len)
             self._run(job)
             seq.notify("on_input_tokens", len(req.prompt))
             seq.notify("on_cached_input_tokens", min(seq.matched, len(req.prompt)))
@@ -350,9 +351,8 @@ class Scheduler:
         seq = job.seq
         if seq is not None:
             job.seq = None
-            drafter = self.model.drafter
-            if drafter is not None:
-                drafter.release(seq)
+            if self.model.drafter is not None:
+                self.model.decoder.drafter_call([seq], "release", seq)
             forget = getattr(self.model.decoder.draft_policy, "forget", None)
             if seq.adaptive and forget is not None:
                 forget(seq)

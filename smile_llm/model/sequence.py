@@ -90,6 +90,7 @@ class Sequence:
         self.prefill_forwards = 0
         self.rounds = self.proposed = self.accepted = 0
         self.draft_errors = 0  # rounds the drafter failed (raised or proposed something unusable): decoded plainly
+        self.drafter_failed = False  # a drafter hook raised for this row: it decodes plainly from then on
         self.preemptions = 0  # times the scheduler paused it to make room (its KV offloaded, then restored)
         self.accept_lengths: Counter[int] = Counter()  # tokens per speculative round -> rounds
 

@@ -376,3 +376,44 @@ def test_a_drafter_that_raises_or_proposes_outside_the_vocabulary_fails_only_its
     assert [o.tokens for o in outs] == [o.tokens for o in lm.generate_batch(prompts, 8, speculative_tokens=0)]
     assert all(o.stats["draft_errors"] >= 2 for o in outs)
     assert_clean(lm.pool)
+
+
+class FailingHook(ScriptedDrafter):
+    """Raises in one hook (``bind``, ``commit`` on its second call, or ``release``)."""
+
+    def __init__(self, answers, vocab, hook: str) -> None:
+        super().__init__(answers, vocab)
+        self.hook, self.commits = hook, 0
+
+    def bind(self, seq, final_len):
+        if self.hook == "bind":
+            raise RuntimeError("bind broke")
+        return super().bind(seq, final_len)
+
+    def commit(self, seq, hidden):
+        self.commits += 1
+        if self.hook == "commit" and self.commits == 2:
+            raise RuntimeError("commit broke")
+        super().commit(seq, hidden)
+
+    def release(self, seq):
+        super().release(seq)
+        if self.hook == "release":
+            raise RuntimeError("release broke")
+
+
+@pytest.mark.parametrize("hook", ["bind", "commit", "release"])
+def test_a_drafter_hook_that_raises_leaves_the_rows_decoding_plainly(plain_lm, hook):
+    lm = plain_lm
+    prompt = lm.encode(PROMPTS[0])
+    want = lm.generate(prompt, NEW, speculative_tokens=0)
+    drafter = FailingHook({tuple(prompt): want.tokens}, lm.config.vocab_size, hook)
+    spec = LanguageModel(lm.config, lm.transformer, lm.tokenizer, lm.pool, lm.backend, lm.max_seq_len,
+                         drafter=drafter)
+    with pytest.warns(RuntimeWarning, match=f"{hook} broke"):
+        out = spec.generate(prompt, NEW)
+    assert out.tokens == want.tokens
+    if hook == "commit":
+        assert out.stats["speculative_rounds"] == 2 and out.stats["draft_errors"] == 1  # no round after it
+    assert_clean(lm.pool)
+    assert spec.generate(prompt, 4, speculative_tokens=0).tokens == want.tokens[:4]  # the model goes on

@@ -18,7 +18,12 @@ which drafter it holds. One request's life, in call order:
 Every hook is called for every sequence of the forward, bound or not: a drafter ignores sequences it did not bind.
 Per-request state lives in the drafter or in ``seq.history`` (which only the bound drafter reads or writes; None
 when unbound). Drafts are proposals only: whatever a drafter proposes, the acceptance rule keeps the output
-identical to plain decoding at temperature 0 and distributed as the target otherwise.
+identical to plain decoding at temperature 0 and distributed as the target otherwise. A drafter that raises never
+fails a request: a raising ``propose`` (or one proposing the wrong shape or tokens outside the vocabulary) drops
+that round, and the rows take a plain step; any other hook that raises ends drafting for its rows (they get no
+further hook but ``release``). Either way a RuntimeWarning names the error and ``stats["draft_errors"]`` counts it.
+
+Optional: ``propose_tree(seqs, branching) -> DraftTree`` (``draft_tree``) lets requests ask for token trees.
 """
 
 from __future__ import annotations
