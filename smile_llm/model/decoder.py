@@ -159,9 +159,11 @@ class Decoder:
 
     # ------------------------------------------------------------------ one step for a batch
     def step(self, seqs: list[Sequence]) -> None:
-        """Advance every sequence by one forward: rows that can draft speculate (grouped by draft budget, one
-        round per group), the others take a plain step together. A step of more than ``speculative_max_batch``
-        rows is all plain (the drafter keeps absorbing their forwards, so drafting resumes when the batch shrinks)."""
+        """Advance every sequence by one forward: rows that can draft speculate (grouped by draft count, one
+        round per group; rows with ``speculative_tokens="auto"`` get their count from ``draft_policy``; rows whose
+        whole ``draft_tree`` fits take a token-tree round, grouped by shape), the others take a plain step together,
+        as do rows whose drafter failed this round. A step of more than ``speculative_max_batch`` rows is all plain
+        (the drafter keeps absorbing their forwards, so drafting resumes when the batch shrinks)."""
         groups: dict[int, list[Sequence]] = {}
         trees: dict[tuple[int, ...], list[Sequence]] = {}
         plain = []
