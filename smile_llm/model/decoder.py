@@ -174,7 +174,7 @@ class Decoder:
             ready = n >= 1 and not s.drafter_failed and self.drafter is not None and \
                 bool(self.drafter_call([s], "ready", s))
             if ready and s.adaptive:
-                n = self.draft_policy.choose(s, n)
+                n = self._policy("choose", s, n) or 0
             if ready and n >= 1:
                 if s.draft_tree is not None and s.tree_fits():
                     trees.setdefault(s.draft_tree, []).append(s)
@@ -195,8 +195,8 @@ class Decoder:
                 t1 = time.perf_counter()
                 results = self._verify(chunk, n, *proposal)
                 if any(s.adaptive for s in chunk):
-                    self.draft_policy.observe_round(chunk, n, [r.num_accepted for r in results], t1 - t0,
-                                                    time.perf_counter() - t1)
+                    self._policy("observe_round", chunk, n, [r.num_accepted for r in results], t1 - t0,
+                                 time.perf_counter() - t1)
         for branching, group in trees.items():
             assert self.drafter is not None
             size = max(1, self.drafter.max_batch(len(branching)))
@@ -211,7 +211,7 @@ class Decoder:
             t0 = time.perf_counter()
             self.decode(plain, allow_graph=not groups and not trees)
             if any(s.adaptive for s in plain):
-                self.draft_policy.observe_plain(plain, time.perf_counter() - t0)
+                self._policy("observe_plain", plain, time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ plain step
     def decode(self, seqs: list[Sequence], allow_graph: bool = True) -> None:
@@ -272,6 +272,19 @@ class Decoder:
                           f"decode plainly from now on: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
             return None
 
+    def _policy(self, method: str, *args: Any) -> Any:
+        """``draft_policy.<method>(*args)``; a policy that raises (or chooses a count outside ``0 .. budget``)
+        costs only its choice: a RuntimeWarning names the error and the row takes a plain step."""
+        try:
+            out = getattr(self.draft_policy, method)(*args)
+            if method == "choose" and (not isinstance(out, int) or not 0 <= out <= args[1]):
+                raise ValueError(f"chose {out!r} drafts, need an int in 0..{args[1]}")
+            return out
+        except Exception as exc:  # the caller's policy: never the request's failure
+            warnings.warn(f"draft policy {type(self.draft_policy).__name__}.{method} failed: "
+                          f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+            return None
+
     def _linear_proposal(self, seqs: list[Sequence], n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter's ``n`` drafts per row, checked: int64 ``[B, n]`` ids in the vocabulary (ValueError else)."""
         assert self.drafter is not None and n >= 1
@@ -308,18 +321,27 @@ class Decoder:
         self.transformer.rewind(out, kept)  # a hybrid model: each row's DeltaNet state after its last kept position
         drafted = drafts.tolist()
         for b, (seq, res) in enumerate(zip(seqs, results)):
-            seq.forwards += 1
-            seq.rounds += 1
-            seq.proposed += n
-            seq.accepted += res.num_accepted
-            seq.accept_lengths[res.num_tokens] += 1
-            seq.on_round(RoundRecord(int(start[b]), n, tuple(drafted[b]), res.num_accepted, res.tokens))
-            self.drafter_call([seq], "commit", seq, out.hidden[b, : res.num_tokens])
-            logp = torch.log_softmax(out.logits[b].float(), dim=-1) if seq.logprobs is not None else None
-            for j, token in enumerate(res.tokens):
-                if seq.push(token, None if logp is None else logp[j]):
-                    break
+            kept_rows = slice(0, res.num_tokens)  # the window's kept positions: the last token and the kept drafts
+            self._append_round(seq, RoundRecord(int(start[b]), n, tuple(drafted[b]), res.num_accepted, res.tokens),
+                               n, out.hidden[b, kept_rows], out.logits[b, kept_rows])
         return results
+
+    def _append_round(self, seq: Sequence, record: RoundRecord, proposed: int, hidden: torch.Tensor,
+                      logits: torch.Tensor) -> None:
+        """Book one verified round of ``seq`` (counters, its ``on_round`` hook), give the drafter the true hidden
+        rows of the kept positions (``hidden`` ``[kept + 1, D]``) and append the round's tokens, each with the raw
+        log-distribution of its position (``logits`` ``[kept + 1, V]``) when the request wants logprobs."""
+        seq.forwards += 1
+        seq.rounds += 1
+        seq.proposed += proposed
+        seq.accepted += record.num_accepted
+        seq.accept_lengths[len(record.tokens)] += 1
+        seq.on_round(record)
+        self.drafter_call([seq], "commit", seq, hidden)
+        logp = torch.log_softmax(logits.float(), dim=-1) if seq.logprobs is not None else None
+        for j, token in enumerate(record.tokens):
+            if seq.push(token, None if logp is None else logp[j]):
+                break
 
     # ------------------------------------------------------------------ token-tree round
     def speculate_tree(self, seqs: list[Sequence], branching: tuple[int, ...]) -> list[TreeAccept]:
@@ -363,19 +385,10 @@ class Decoder:
         self.pool.truncate_to(start + 1 + kept, start + 1 + m)
         drafted = tree.tokens.tolist()
         for b, (seq, res) in enumerate(zip(seqs, results)):
-            seq.forwards += 1
-            seq.rounds += 1
-            seq.proposed += len(branching)
-            seq.accepted += res.num_accepted
-            seq.accept_lengths[len(res.tokens)] += 1
-            seq.on_round(RoundRecord(int(start[b]), m, tuple(drafted[b]), res.num_accepted, res.tokens,
-                                     tuple(int(p) for p in tree.parents[b])))
-            rows = [0, *res.slots]
-            self.drafter_call([seq], "commit", seq, out.hidden[b, rows])
-            logp = torch.log_softmax(out.logits[b, rows].float(), dim=-1) if seq.logprobs is not None else None
-            for j, token in enumerate(res.tokens):
-                if seq.push(token, None if logp is None else logp[j]):
-                    break
+            path = [0, *res.slots]  # the root and the accepted nodes, in path order
+            record = RoundRecord(int(start[b]), m, tuple(drafted[b]), res.num_accepted, res.tokens,
+                                 tuple(int(p) for p in tree.parents[b]))
+            self._append_round(seq, record, len(branching), out.hidden[b, path], out.logits[b, path])
         return results
 
     @staticmethod

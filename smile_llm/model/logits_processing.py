@@ -49,20 +49,15 @@ class LogitsProcessing:
         """Processed float32 logits ``[N, V]`` (a new tensor); row i has seen ``prompt`` then ``generated[i]``."""
         history = TokenHistory(prompt, logits.shape[-1], logits.device)
         seen, counts = history.rows([list(g) for g in generated])
-        return self.apply_counts(logits, seen, counts, [len(g) for g in generated])
-
-    def apply_counts(self, logits: torch.Tensor, seen: torch.Tensor, counts: torch.Tensor,
-                     generated_len: Sequence[int]) -> torch.Tensor:
-        """``apply`` from the rows' token statistics: ``seen`` bool ``[N, V]`` (in the prompt or the output),
-        ``counts`` float32 ``[N, V]`` (occurrences in the output), ``generated_len[i]`` output tokens of row i."""
-        return apply_rows([self] * logits.shape[0], logits, seen, counts, generated_len)
+        return apply_rows([self] * logits.shape[0], logits, seen, counts, [len(g) for g in generated])
 
 
 def apply_rows(processing: Sequence[LogitsProcessing], logits: torch.Tensor, seen: torch.Tensor | None,
                counts: torch.Tensor | None, generated_len: Sequence[int]) -> torch.Tensor:
-    """Processed float32 logits ``[N, V]`` (a new tensor), row i with ``processing[i]`` and its statistics (see
-    ``LogitsProcessing.apply_counts``; None when no row's processors read them): one tensor operation per
-    processor for all rows. A processor that is off for a row leaves that row exactly unchanged (a penalty of 1 or
+    """Processed float32 logits ``[N, V]`` (a new tensor), row i with ``processing[i]`` and its statistics:
+    ``seen`` bool ``[N, V]`` (in the prompt or the output) and ``counts`` float32 ``[N, V]`` (occurrences in the
+    output), None when no row's processors read them, and ``generated_len[i]`` output tokens. One tensor operation
+    per processor for all rows. A processor that is off for a row leaves that row exactly unchanged (a penalty of 1 or
     0 is exact in float arithmetic)."""
     out = logits.float().clone()
     dev, dt = out.device, out.dtype
@@ -119,11 +114,6 @@ class TokenHistory:
         self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)
         self._host = self.counts.numpy() if self.counts.device.type == "cpu" else None
         self.length = 0
-
-    @property
-    def seen(self) -> torch.Tensor:
-        """bool ``[V]``: in the prompt or the output."""
-        return self.prompt_seen | (self.counts > 0)
 
     def push(self, token: int) -> None:
         """Record one output token."""

@@ -120,3 +120,25 @@ def test_a_policy_of_ones_own_drives_the_rounds(lm) -> None:
     with pytest.raises((ValueError, TypeError), match="speculative_tokens"):
         lm.generate(CODE, 4, speculative_tokens="fast")
     assert_clean(lm.pool)
+
+
+class Broken(Schedule):
+    def choose(self, seq, budget: int) -> int:
+        self.turn += 1
+        if self.turn % 2:
+            raise RuntimeError("policy broke")
+        return budget + 5  # outside 0..budget
+
+
+def test_a_policy_that_raises_or_chooses_badly_costs_only_its_choice(lm) -> None:
+    before = lm.draft_policy
+    lm.draft_policy = Broken()
+    try:
+        with pytest.warns(RuntimeWarning) as caught:
+            out = lm.generate(CODE, 30, speculative_tokens="auto")
+    finally:
+        lm.draft_policy = before
+    messages = " ".join(str(w.message) for w in caught)
+    assert "policy broke" in messages and "need an int in 0.." in messages
+    assert out.tokens == lm.generate(CODE, 30, speculative_tokens=0).tokens and out.stats["speculative_rounds"] == 0
+    assert_clean(lm.pool)
