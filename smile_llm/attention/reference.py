@@ -42,6 +42,8 @@ import torch
 
 from smile_llm.cache.metadata import FlashInferKvMetadata
 
+from .merge import merge_by_lse
+
 LOG2E = 1.4426950408889634
 CHUNK_BYTES = 32 << 20  # per kv chunk: its fp32 K and V plus its scores (measured best on a 2-core CPU)
 CASCADE_MIN_TOKENS = 128  # a shared prefix shorter than this is attended per row (the split costs more than it saves)
@@ -466,6 +468,9 @@ def _run_checked(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch
     torch.mul(qp.reshape(b, qmax, hkv, g, d).permute(0, 2, 3, 1, 4), scale, out=qh)
     qh = qh.view(b, hkv, g * qmax, d)
 
+    if len(plan.chunks) == 1 and not cap and return_lse and plan.shared is None and CPU_FLASH_LSE and \
+            qh.device.type == "cpu" and plan.chunks[0].num_tokens and plan.total_q:  # (the kernel needs both)
+        return _one_chunk_flash(plan, qh, k, v, v_scale, q.dtype)
     one_chunk = None  # a fused path for a forward whose own keys fit one chunk, without soft cap or LSE
     if len(plan.chunks) == 1 and not cap and not return_lse:
         fused_lse = CPU_FLASH_LSE and qh.device.type == "cpu"  # torch's CPU kernel that returns the LSE
@@ -556,7 +561,7 @@ def _one_chunk_cascade(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v
     additive, _ = _additive_mask(plan, qh.device)
     out1, lse1 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kc, vc, attn_mask=additive,
                                                                             scale=1.0)
-    return _query_rows(plan, _merge_by_lse(out0, lse0, out1, lse1.unsqueeze(-1)), v_scale)
+    return _query_rows(plan, merge_by_lse(out0, lse0, out1, lse1.unsqueeze(-1)), v_scale)
 
 
 def _additive_mask(plan: AttentionPlan, device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -653,6 +658,26 @@ def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: t
     return _query_rows(plan, out, v_scale)
 
 
+def _one_chunk_flash(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, v_scale: float,
+                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_one_chunk_sdpa`` with the log-sum-exp, through torch's fused CPU kernel that returns it (a decode over the
+    part of the keys a caller merges with another part, e.g. a draft chain's history). Returns the output
+    ``[total_q, Hq, D]`` in ``dtype`` and the base-2 LSE ``[total_q, Hq]`` (-inf for a query that sees no key)."""
+    kc, vc = _gather_chunk(plan, k, v)
+    additive, blind = _additive_mask(plan, qh.device)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kc, vc, attn_mask=additive,
+                                                                          scale=1.0)
+    lse = lse.unsqueeze(-1)  # [B, Hkv, G * Qmax, 1]
+    if blind is not None:
+        out, lse = out.masked_fill(blind, 0.0), lse.masked_fill(blind, -math.inf)
+    b, hkv, qmax = plan.batch, plan.num_kv_heads, plan.max_q
+    lse = (lse * LOG2E).view(b, hkv, plan.num_qo_heads // hkv, qmax).permute(0, 3, 1, 2).reshape(b * qmax, -1)
+    out = _query_rows(plan, out, v_scale)
+    if plan.out_rows is not None:
+        out, lse = out.index_select(0, plan.out_rows), lse.index_select(0, plan.out_rows)
+    return out.to(dtype), lse.contiguous()
+
+
 def _gather_chunk(plan: AttentionPlan, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the plan's one chunk as fp32 ``[B, Hkv, Lc, D]`` in the workspace, slots past each row's end
     zeroed (they may hold NaN, and 0 * NaN is NaN). A one-row plan over consecutive slots of an fp32 cache gets
@@ -668,14 +693,6 @@ def _gather_chunk(plan: AttentionPlan, k: torch.Tensor, v: torch.Tensor) -> tupl
     _zero_past_end(kc, c)
     _zero_past_end(vc, c)
     return kc, vc
-
-
-def _merge_by_lse(out0: torch.Tensor, lse0: torch.Tensor, out1: torch.Tensor, lse1: torch.Tensor) -> torch.Tensor:
-    """Attention over two disjoint key sets from each one's normalised output and log-sum-exp (``[..., 1]``):
-    ``out0 * exp(lse0 - lse) + out1 * exp(lse1 - lse)`` with ``lse = logaddexp(lse0, lse1)``; writes into the
-    outputs."""
-    lse = torch.logaddexp(lse0, lse1)
-    return out0.mul_((lse0 - lse).exp_()).add_(out1.mul_((lse1 - lse).exp_()))
 
 
 def _query_rows(plan: AttentionPlan, out: torch.Tensor, v_scale: float) -> torch.Tensor:

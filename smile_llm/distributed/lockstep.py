@@ -115,6 +115,17 @@ class Leader:
                 yield
 
     @contextlib.contextmanager
+    def chain_step(self, pool: KvCachePool, tokens: torch.Tensor, hidden: torch.Tensor, start: np.ndarray,
+                   steps: int, column: int) -> Iterator[None]:
+        """Send column ``column`` of a draft chain (``DraftChain``; at column 0 the followers build the chain of
+        ``steps`` columns over histories ending at ``start``), then hold the lock while rank 0 runs it."""
+        with self._lock:
+            self._send(("chain", self._keys[id(pool)], tokens.cpu(), hidden.detach().cpu(), np.asarray(start), steps,
+                        column))
+            with self._fatal():
+                yield
+
+    @contextlib.contextmanager
     def _fatal(self) -> Iterator[None]:
         """A forward that raises on rank 0 after its plan went out leaves the followers inside collectives rank 0
         never joins: the group is broken from then on (every later plan raises LockstepError; the followers'
@@ -159,14 +170,16 @@ class Leader:
 def follow(tp: TensorParallel, pools: Mapping[str, KvCachePool],
            run_forward: Callable[[KvCachePool, torch.Tensor, np.ndarray, np.ndarray | None, bool], Any],
            run_draft: Callable[[KvCachePool, torch.Tensor, torch.Tensor, np.ndarray, np.ndarray | None], Any],
-           device: torch.device) -> int:
-    """A follower's loop: receive each plan, replay its calls on ``pools``, check the digests, run its forward;
+           begin_chain: Callable[[KvCachePool, np.ndarray, int], Any], device: torch.device) -> int:
+    """A follower's loop: receive each plan, replay its calls on ``pools``, check the digests, run its forward
+    (``run_forward``, ``run_draft``, or a column of the draft chain ``begin_chain`` built at column 0);
     returns the number of plans once rank 0 stops. LockstepError on divergence or when a replayed call or forward
     raises (rank 0 checked them before sending); a collective error (rank 0 died or hung past the timeout)
     propagates."""
     handles: dict[tuple[str, int], OffloadedKv] = {}
     plans = 0
     last: Any = None  # the last forward's output (its DeltaNet states, for a rewind)
+    chain: Any = None  # the current draft round's chain
     while True:
         calls, op, digests = tp.broadcast_object()
         plans += 1
@@ -201,6 +214,11 @@ def follow(tp: TensorParallel, pools: Mapping[str, KvCachePool],
             elif kind == "draft":
                 _, key, tokens, hidden, start, cols = op
                 run_draft(pools[key], tokens.to(device), hidden.to(device), start, cols)
+            elif kind == "chain":
+                _, key, tokens, hidden, start, steps, column = op
+                if column == 0:
+                    chain = begin_chain(pools[key], start, steps)
+                chain.step(tokens.to(device), hidden.to(device))
         except Exception as exc:  # rank 0 validated these inputs before sending them: the ranks cannot go on together
             raise LockstepError(f"rank {tp.rank}: {kind} of plan {plans} raised where rank 0's did not: {exc!r}") \
                 from exc

@@ -8,6 +8,8 @@ nothing is module-global.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import torch
 
@@ -15,6 +17,29 @@ from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool, KvStep
 from ..distributed.group import TensorParallel
 from .state_step import StateStep
+
+
+class LayerContext(Protocol):
+    """What a decoder layer reads of its forward: RoPE tables ``cos``/``sin`` ``[B, S, 1, rotary_dim]``, ``attend``
+    (write this window's K/V of a layer, then attend over the row's keys), ``reduce`` (the tensor-parallel sum of a
+    row-parallel block's partial output) and ``states`` (a hybrid model's DeltaNet ``StateStep``, None without one).
+    ``ForwardContext`` serves a forward over the pool; ``DraftChain`` a draft round's chained steps."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    states: StateStep | None
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """``q`` ``[B, S, H, D]``, ``k``/``v`` ``[B, S, Hkv, D]`` -> ``[B*S, H, D]``."""
+        ...
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over the tensor-parallel ranks of ``x`` (the identity on one rank)."""
+        ...
+
+    def commit(self) -> None:
+        """Record the forward's writes once its last layer succeeded."""
+        ...
 
 
 class RopeTable:

@@ -16,7 +16,7 @@ from .layers import PreparedModule, fuse_rows
 from .norms import ZeroCenteredRMSNorm
 
 if TYPE_CHECKING:
-    from .context import ForwardContext
+    from .context import LayerContext
 
 
 class GatedAttention(PreparedModule):
@@ -40,7 +40,7 @@ class GatedAttention(PreparedModule):
     def _prepare(self) -> None:
         self.qkv_weight, self.qkv_bias = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
         """``x`` ``[B, S, D]`` at the positions of ``ctx`` -> ``[B, S, D]``; writes this layer's K/V first."""
         b, s, _ = x.shape
         h, kv, hd, r = self.num_heads, self.num_kv_heads, self.head_dim, self.rotary_dim

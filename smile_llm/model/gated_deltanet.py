@@ -28,7 +28,7 @@ from .layers import PreparedModule, fuse_rows
 from .state_step import conv_state_after
 
 if TYPE_CHECKING:
-    from .context import ForwardContext
+    from .context import LayerContext
 
 
 class GatedDeltaNet(PreparedModule):
@@ -58,7 +58,7 @@ class GatedDeltaNet(PreparedModule):
         """``x`` ``[B, S, D]`` -> (q|k|v ``[B, S, conv_dim]`` in that channel order, z ``[B, S, H_v, d_v]``, b and a
         ``[B, S, H_v]``)."""
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
         """``x`` ``[B, S, D]`` -> ``[B, S, D]``; advances the active rows' state of this layer past the window."""
         b, s, _ = x.shape
         states = ctx.states

@@ -18,7 +18,7 @@ from .moe import SparseMoe
 from .norms import ZeroCenteredRMSNorm
 
 if TYPE_CHECKING:
-    from .context import ForwardContext
+    from .context import LayerContext
 
 
 class HybridDecoderLayer(nn.Module):
@@ -39,7 +39,7 @@ class HybridDecoderLayer(nn.Module):
         self.mlp: nn.Module = SparseMoe(config) if config.moe is not None and config.moe.is_sparse(layer_idx) \
             else MLP(config)
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
         """``x`` ``[B, S, D]`` -> ``[B, S, D]``; advances this layer's state or writes its K/V."""
         mixer = self.linear_attn if self.is_linear else self.self_attn
         # With tensor parallelism both blocks are row-parallel: ctx.reduce sums the ranks' partial outputs.

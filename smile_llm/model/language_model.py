@@ -196,10 +196,12 @@ class LanguageModel:
         if not self.is_follower:
             raise RuntimeError("follow() runs on ranks > 0 of a tensor-parallel model; rank 0 generates")
         transformer, backend = self.transformer, self.backend
+        chain_backend = select_backend(self.pool.device, prefer=backend.name)  # a draft chain's own (DraftChain)
         try:
             return follow(self.tp, self._tp_pools(),
                           lambda pool, t, s, c, k: transformer.forward(t, s, pool, backend, c, k),
-                          lambda pool, t, h, s, c: transformer.draft(t, h, s, pool, backend, c), self.pool.device)
+                          lambda pool, t, h, s, c: transformer.draft(t, h, s, pool, backend, c),
+                          lambda pool, s, n: transformer.draft_chain(pool, chain_backend, s, n), self.pool.device)
         finally:
             self._close_pools()
 

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 from .config import ModelConfig, RopeScaling
 
 if TYPE_CHECKING:
-    from .context import ForwardContext
+    from .context import LayerContext
 
 
 class PreparedModule(nn.Module):
@@ -108,7 +108,7 @@ class Attention(PreparedModule):
     def _prepare(self) -> None:
         self.qkv_weight, self.qkv_bias = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
         """``x`` ``[B, S, D]`` at the positions of ``ctx`` -> ``[B, S, D]``; writes this layer's K/V of the S positions
         into the pool first."""
         b, s, _ = x.shape  # [B, S, D]
@@ -157,7 +157,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
         """``x`` ``[B, S, D]`` -> ``[B, S, D]``; writes this layer's K/V of the window into the pool."""
         # The blocks' forward is called directly: no hooks are used, and Module.__call__ costs ~2 us a call on the
         # CPU, as much as a small kernel.

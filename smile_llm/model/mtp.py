@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from .config import ModelConfig
 from .config_hybrid import FULL_ATTENTION
-from .context import ForwardContext
+from .context import LayerContext
 from .hybrid_layer import HybridDecoderLayer
 from .layers import DecoderLayer, RMSNorm
 from .norms import ZeroCenteredRMSNorm
@@ -38,7 +38,7 @@ class MtpHead(nn.Module):
                                     else DecoderLayer(config, i) for i in range(n))
         self.norm: nn.Module = norm(d, eps)
 
-    def forward(self, embedded: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, embedded: torch.Tensor, hidden: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
         """``embedded`` (embeddings of the next tokens) and ``hidden`` ``[B, S, D]`` -> the head's output ``x``
         ``[B, S, D]`` before ``norm``. Writes the S positions of ``ctx`` into the MTP pool's layers."""
         x = F.linear(torch.cat([self.pre_fc_norm_embedding.forward(embedded),

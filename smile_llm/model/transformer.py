@@ -21,7 +21,8 @@ from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
 from ..distributed.group import TensorParallel
 from .config import ModelConfig
-from .context import ForwardContext, RopeTable
+from .context import ForwardContext, LayerContext, RopeTable
+from .draft_chain import DraftChain
 from .draft_tree import DraftTree, window_mask
 from .hybrid_layer import HybridDecoderLayer, layer_indices
 from .layers import DecoderLayer, RMSNorm, rope_inv_freq
@@ -189,8 +190,24 @@ class Transformer(nn.Module):
                 return self._draft(tokens, hidden, cols, ctx)
         return self._draft(tokens, hidden, cols, ctx)
 
+    def draft_chain(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray,
+                    steps: int) -> DraftChain:
+        """The chained steps of a draft round whose first step (``draft``) left each active row's MTP history at
+        ``[0, start[b])``: ``DraftChain.step`` runs column j at position ``start[b] + j`` over that history and the
+        chain's earlier columns, planned once here (``draft_chain``). ``backend`` is the chain's own: no other
+        forward may plan it until the chain's last step. RuntimeError without an MTP head."""
+        if self.mtp is None:
+            raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0); it cannot draft")
+        return DraftChain(self, pool, backend, start, steps)
+
+    @torch.inference_mode()
+    def draft_step(self, tokens: torch.Tensor, hidden: torch.Tensor, ctx: LayerContext) -> DraftOutput:
+        """One MTP step of ``tokens`` ``[B, S]`` and ``hidden`` ``[B, S, D]`` over a prepared context (a
+        ``DraftChain``'s column); logits and head output at the last column."""
+        return self._draft(tokens, hidden, None, ctx)
+
     def _draft(self, tokens: torch.Tensor, hidden: torch.Tensor, cols: np.ndarray | None,
-               ctx: ForwardContext) -> DraftOutput:
+               ctx: LayerContext) -> DraftOutput:
         assert self.mtp is not None
         x = self.mtp.forward(self.embed(tokens), hidden, ctx)
         if cols is None or (cols == x.shape[1] - 1).all():

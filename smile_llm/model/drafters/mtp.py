@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...attention.backend import AttentionBackend
+from ...attention.backend import BACKEND_NAMES, AttentionBackend, select_backend
 from ...cache import KvCachePool
 from ..config import MAX_SPECULATIVE_TOKENS
 from ..draft_tree import DraftTree
@@ -60,6 +60,9 @@ class MtpDrafterBase:
         if transformer.mtp is None:
             raise ValueError(f"{type(self).__name__} needs a model with an MTP head")
         self.transformer, self.pool, self.backend = transformer, pool, backend
+        # The draft chain's own backend: planned once per round for the history, so no other forward may replan it
+        self.chain_backend = select_backend(pool.device, prefer=backend.name if backend.name in BACKEND_NAMES
+                                            else None)
         self.num_speculative_tokens = min(transformer.config.num_speculative_tokens or 3, MAX_SPECULATIVE_TOKENS)
 
     @staticmethod
@@ -138,21 +141,20 @@ class MtpDrafterBase:
                rows: np.ndarray, start0: np.ndarray, base: np.ndarray, n: int
                ) -> tuple[torch.Tensor, torch.Tensor | None, np.ndarray]:
         """Run the head: step 0 over the padded window at draft-pool positions ``start0`` (reading the draft at each
-        row's last real column), steps 1..n-1 at ``base + d - 1`` fed the drafted token and the head's own output.
-        Marks every pending row absorbed. Returns (drafts ``[B, n]``, draft distributions or None, the end of what
-        each row wrote in the draft pool)."""
+        row's last real column), steps 1..n-1 at ``base + d - 1`` fed the drafted token and the head's own output,
+        as one ``DraftChain`` over the history ``[0, base)`` (their K/V stay out of the pool). Marks every pending
+        row absorbed. Returns (drafts ``[B, n]``, draft distributions or None, the end of what each row wrote in the
+        draft pool: step 0's window, padding included)."""
         out = self.transformer.draft(tokens, hidden, start0, self.pool, self.backend, cols=rows - 1)
         last = np.array([h.filled for h in hist], dtype=np.int64) + rows  # each row's last_pos
         for h, end in zip(hist, last):
             h.filled, h.pending = int(end), []
         written_end = start0 + tokens.shape[1]
         drafts, probs = draft_buffers(seqs, n, out.logits.shape[-1], self.pool.device)
+        chain = self.transformer.draft_chain(self.pool, self.chain_backend, base, n - 1) if n > 1 else None
         for d in range(n):
-            if d > 0:
-                start = base + d - 1
-                out = self.transformer.draft(drafts[:, d - 1 : d], out.hidden[:, None], start, self.pool,
-                                             self.backend)
-                written_end = np.maximum(written_end, start + 1)
+            if chain is not None and d > 0:
+                out = chain.step(drafts[:, d - 1 : d], out.hidden[:, None])
             choose_drafts(seqs, out.logits, last + 1 + d, d, drafts, probs)
             if self._depth_logits is not None:  # propose_tree ranks each depth's alternatives
                 self._depth_logits.append(out.logits)

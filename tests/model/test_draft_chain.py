@@ -1,0 +1,97 @@
+"""DraftChain: a draft round's chained steps planned once, their K/V kept out of the pool. Every step must equal
+the same step run as a one-token forward through the MTP pool (``Transformer.draft``), on rows of different
+history lengths, for a dense and a hybrid (gated-attention) MTP head; the pool must be left exactly as it was."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from smile_llm.attention.backend import select_backend
+from smile_llm.cache import KvCachePool
+from smile_llm.model import LanguageModel, Transformer
+
+from .mtp_models import build_mtp_model, load
+
+HISTORY = [5, 9, 2]  # each row's MTP history length when the chain starts
+STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Transformer]:
+    dense = load(build_mtp_model(tmp_path_factory.mktemp("chain"), "qwen3", seed=5))
+    return {"qwen3": dense.transformer, "hybrid": LanguageModel.default("hybrid").transformer}
+
+
+def history_pool(tr: Transformer, page_size: int, seed: int) -> tuple[KvCachePool, list[int]]:
+    """An MTP pool whose rows hold HISTORY positions of seeded random (token, hidden) inputs, written by
+    ``Transformer.draft`` one row at a time; room for STEPS more positions per row."""
+    c = tr.config
+    pool = KvCachePool(c.mtp_num_hidden_layers, 128, c.num_key_value_heads, c.head_dim, page_size)
+    pool.prefix_reuse_enabled = False
+    ids = [pool.bind_request([], n + STEPS) for n in HISTORY]
+    g = torch.Generator().manual_seed(seed)
+    backend = select_backend(torch.device("cpu"))
+    for rid, n in zip(ids, HISTORY):
+        pool.activate_step(rid)
+        tokens = torch.randint(0, c.vocab_size, (1, n), generator=g)
+        tr.draft(tokens, torch.randn(1, n, c.hidden_size, generator=g, dtype=tr.dtype), np.array([0]), pool, backend)
+    pool.activate_step(*ids)
+    return pool, ids
+
+
+def snapshot(pool: KvCachePool, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's K and V of every row's written positions."""
+    out = []
+    for rid, n in zip(ids, HISTORY):
+        pool.activate_step(rid)
+        out += [tuple(t.clone() for t in pool.get(layer, n)) for layer in range(pool.num_layers)]
+    pool.activate_step(*ids)
+    return out  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("name", ["qwen3", "hybrid"])
+def test_chain_steps_equal_one_token_forwards_through_the_pool(models, name: str, page_size: int) -> None:
+    tr = models[name]
+    c = tr.config
+    backend = select_backend(torch.device("cpu"))
+    through_pool, pool_ids = history_pool(tr, page_size, seed=1)
+    chained, chain_ids = history_pool(tr, page_size, seed=1)
+    before = snapshot(chained, chain_ids)
+    start = np.array(HISTORY, dtype=np.int64)
+    chain = tr.draft_chain(chained, select_backend(torch.device("cpu")), start, STEPS)  # its own backend
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, c.vocab_size, (3, 1), generator=g)
+    hidden = torch.randn(3, 1, c.hidden_size, generator=g, dtype=tr.dtype)
+    for j in range(STEPS):
+        want = tr.draft(tokens, hidden, start + j, through_pool, backend)
+        got = chain.step(tokens, hidden)
+        assert (got.logits - want.logits).abs().max().item() < 1e-5, j
+        assert (got.hidden - want.hidden).abs().max().item() < 1e-5, j
+        assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
+        tokens, hidden = want.logits.argmax(-1, keepdim=True), want.hidden[:, None]  # the chain's own inputs
+    with pytest.raises(RuntimeError, match="5 steps, all run"):
+        chain.step(tokens, hidden)
+    # Nothing of the chain reached the pool: kv_len, the rows' K/V and the pool's invariants are as before.
+    assert [chained.kv_len(i) for i in chain_ids] == HISTORY
+    for (k0, v0), (k1, v1) in zip(before, snapshot(chained, chain_ids)):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    chained.check_invariants()
+    assert [through_pool.kv_len(i) for i in pool_ids] == [n + STEPS for n in HISTORY]
+
+
+def test_a_chain_needs_a_step_and_an_mtp_head(models) -> None:
+    tr = models["qwen3"]
+    backend = select_backend(torch.device("cpu"))
+    pool, _ = history_pool(tr, 4, seed=0)
+    with pytest.raises(ValueError, match="steps >= 1"):
+        tr.draft_chain(pool, backend, np.array(HISTORY), 0)
+    head = tr.mtp
+    try:
+        tr.mtp = None
+        with pytest.raises(RuntimeError, match="no MTP head"):
+            tr.draft_chain(pool, backend, np.array(HISTORY), 2)
+    finally:
+        tr.mtp = head
