@@ -23,7 +23,7 @@ from ..cache import KvCachePool
 
 from .choice import choose_next
 from .draft_policy import DraftPolicy, ThroughputPolicy
-from .draft_tree import DraftTree, TreeAccept, accept_tree, tree_nodes
+from .draft_tree import MAX_BRANCHING, MAX_TREE_NODES, DraftTree, TreeAccept, accept_tree, depth_ranks, tree_nodes
 from .drafters import Drafter
 from .sampling import probabilities, sample
 from .sequence import Sequence
@@ -160,8 +160,9 @@ class Decoder:
     # ------------------------------------------------------------------ one step for a batch
     def step(self, seqs: list[Sequence]) -> None:
         """Advance every sequence by one forward: rows that can draft speculate (grouped by draft count, one
-        round per group; rows with ``speculative_tokens="auto"`` get their count from ``draft_policy``; rows whose
-        whole ``draft_tree`` fits take a token-tree round, grouped by shape), the others take a plain step together,
+        round per group; rows with ``speculative_tokens="auto"`` get their count or tree shape from
+        ``draft_policy``; rows whose tree (the policy's, or the whole ``draft_tree``) fits take a token-tree round,
+        grouped by shape), the others take a plain step together,
         as do rows whose drafter failed this round. A step of more than ``speculative_max_batch`` rows is all plain
         (the drafter keeps absorbing their forwards, so drafting resumes when the batch shrinks)."""
         groups: dict[int, list[Sequence]] = {}
@@ -170,18 +171,20 @@ class Decoder:
         limit = self.speculative_max_batch
         drafting = self.drafter is not None and (limit is None or len(seqs) <= limit)
         for s in seqs:
-            n = s.draft_budget() if drafting else 0
-            ready = n >= 1 and not s.drafter_failed and self.drafter is not None and \
+            budget = s.draft_budget() if drafting else 0
+            ready = budget >= 1 and not s.drafter_failed and self.drafter is not None and \
                 bool(self.drafter_call([s], "ready", s))
+            choice: int | tuple[int, ...] = budget
             if ready and s.adaptive:
-                n = self._policy("choose", s, n) or 0
-            if ready and n >= 1:
-                if s.draft_tree is not None and s.tree_fits():
-                    trees.setdefault(s.draft_tree, []).append(s)
-                else:
-                    groups.setdefault(n, []).append(s)
-            else:
+                choice = self._policy("choose", s, budget) or 0
+            if not ready or not choice:
                 plain.append(s)
+            elif isinstance(choice, tuple) and s.tree_fits(choice):  # the policy's tree
+                trees.setdefault(choice, []).append(s)
+            elif not s.adaptive and s.draft_tree is not None and s.tree_fits():  # the request's tree
+                trees.setdefault(s.draft_tree, []).append(s)
+            else:  # a linear round (a tree that does not fit drafts its chain)
+                groups.setdefault(len(choice) if isinstance(choice, tuple) else choice, []).append(s)
         for n, group in sorted(groups.items()):
             assert self.drafter is not None
             size = max(1, self.drafter.max_batch(n))
@@ -202,11 +205,16 @@ class Decoder:
             size = max(1, self.drafter.max_batch(len(branching)))
             for i in range(0, len(group), size):
                 chunk = group[i : i + size]
+                t0 = time.perf_counter()
                 tree = self._propose(chunk, lambda rows: self._tree_proposal(rows, branching))
                 if tree is None:
                     plain.extend(chunk)
-                else:
-                    self._verify_tree(chunk, branching, tree)
+                    continue
+                t1 = time.perf_counter()
+                accepted = self._verify_tree(chunk, branching, tree)
+                if any(s.adaptive for s in chunk):
+                    ranks = [depth_ranks(branching, r.slots) for r in accepted]
+                    self._policy("observe_tree", chunk, branching, ranks, t1 - t0, time.perf_counter() - t1)
         if plain:  # eager while rows speculate: a decode replay after verify replays in one step is untested on a GPU
             t0 = time.perf_counter()
             self.decode(plain, allow_graph=not groups and not trees)
@@ -277,13 +285,29 @@ class Decoder:
         costs only its choice: a RuntimeWarning names the error and the row takes a plain step."""
         try:
             out = getattr(self.draft_policy, method)(*args)
-            if method == "choose" and (not isinstance(out, int) or not 0 <= out <= args[1]):
-                raise ValueError(f"chose {out!r} drafts, need an int in 0..{args[1]}")
+            if method == "choose":
+                self._check_choice(out, *args)
             return out
         except Exception as exc:  # the caller's policy: never the request's failure
             warnings.warn(f"draft policy {type(self.draft_policy).__name__}.{method} failed: "
                           f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
             return None
+
+    def _check_choice(self, out: Any, seq: Sequence, budget: int) -> None:
+        """ValueError unless ``out`` is a draft count in ``0 .. budget`` or, for a row with ``tree_rounds`` and a
+        policy with ``observe_tree``, a tree shape of at most ``budget`` depths within the tree limits."""
+        if isinstance(out, tuple):
+            if not seq.tree_rounds:
+                raise ValueError(f"chose the token tree {out!r} for a row that cannot take tree rounds (its drafter "
+                                 f"has no propose_tree, or the model has DeltaNet layers or tensor parallelism)")
+            if not callable(getattr(self.draft_policy, "observe_tree", None)):
+                raise ValueError(f"chose the token tree {out!r} but has no observe_tree")
+            if not 1 <= len(out) <= budget or any(not isinstance(b, int) or not 1 <= b <= MAX_BRANCHING
+                                                   for b in out) or tree_nodes(out) > MAX_TREE_NODES:
+                raise ValueError(f"chose the token tree {out!r}, need 1..{budget} depths of 1..{MAX_BRANCHING} "
+                                 f"nodes, at most {MAX_TREE_NODES} in all")
+        elif not isinstance(out, int) or isinstance(out, bool) or not 0 <= out <= budget:
+            raise ValueError(f"chose {out!r} drafts, need an int in 0..{budget} or a token-tree shape")
 
     def _linear_proposal(self, seqs: list[Sequence], n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter's ``n`` drafts per row, checked: int64 ``[B, n]`` ids in the vocabulary (ValueError else)."""

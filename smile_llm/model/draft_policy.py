@@ -1,21 +1,32 @@
-"""Adaptive draft counts: a policy chooses each speculative row's ``k`` for every round (``speculative_tokens="auto"``).
+"""Adaptive drafts: a policy chooses each speculative row's ``k``, or a token-tree shape, for every round
+(``speculative_tokens="auto"``).
 
-The decoder asks ``choose(seq, budget)`` before a step (``0 .. budget``; 0 is a plain step), and reports what
-happened: ``observe_round(seqs, k, accepted, draft_s, verify_s)`` after a speculative round of k drafts (the drafts
-each row kept; the seconds the drafter's ``propose`` and the verify forward took) and ``observe_plain(rows,
-seconds)`` after a plain step. Any object with these three methods is a policy (``DraftPolicy``); set it with
-``LanguageModel.draft_policy``.
+The decoder asks ``choose(seq, budget)`` before a step: a draft count in ``0 .. budget`` (0 is a plain step) or, for
+a row whose ``tree_rounds`` is true (its drafter proposes trees and the model verifies them: dense, one rank), a
+tree shape: branching factors per depth ``(b_1 .. b_k)`` with ``k <= budget`` (``draft_tree``: the drafter's chain of
+k drafts and, at depth j, its next ``b_j - 1`` most likely tokens as leaves). It reports what happened:
+``observe_round(seqs, k, accepted, draft_s, verify_s)`` after a linear round of k drafts (the drafts each row kept;
+the seconds the drafter's ``propose`` and the verify forward took), ``observe_plain(rows, seconds)`` after a plain
+step and, to a policy that chooses trees, ``observe_tree(seqs, branching, ranks, draft_s, verify_s)`` after a tree
+round (``ranks[i]``: for each depth of row i's accepted path, the accepted node's index among that depth's nodes; 0
+is the chain's draft). Any object with the first three methods is a policy (``DraftPolicy``); one that returns tree
+shapes needs ``observe_tree`` too. Set it with ``LanguageModel.draft_policy``.
 
 The built-in ``ThroughputPolicy`` maximises expected tokens per second. Per request it keeps running estimates of
 the chance that the draft at each position is kept given the ones before it were (so a round of k drafts adds
-``E(k)`` tokens on average); for the model it keeps running least-squares fits of the verify time against the window
-length, of the draft time against k, and of the plain step time. It picks the k with the largest
-``E(k) / (draft(k) + verify(k + 1))``, 0 (a plain step, one token) when nothing beats it.
+``E(k)`` tokens on average); for the model, the chance that the target's token is the r-th alternative at a depth
+whose chain draft was rejected, and running least-squares fits of the verify time against the window length, of
+the draft time against k, and of the plain step time. For each k it grows a tree from the chain, one alternative at
+a time where it adds the most expected tokens, while that raises the rate, and picks the k (and tree) with the
+largest ``E / (draft(k) + verify(window))``, 0 (a plain step, one token) when nothing beats it. Alternatives pay
+where drafts are often rejected and a verify position is cheap next to a draft step.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from .draft_tree import MAX_BRANCHING, MAX_TREE_NODES
 
 if TYPE_CHECKING:
     from .sequence import Sequence
@@ -25,8 +36,9 @@ if TYPE_CHECKING:
 class DraftPolicy(Protocol):
     """Chooses each speculative row's draft count per round (see the module docstring)."""
 
-    def choose(self, seq: Sequence, budget: int) -> int:
-        """Drafts for ``seq``'s next round, in ``0 .. budget`` (0: a plain step)."""
+    def choose(self, seq: Sequence, budget: int) -> int | tuple[int, ...]:
+        """Drafts for ``seq``'s next round, in ``0 .. budget`` (0: a plain step), or a token-tree shape of at most
+        ``budget`` depths when ``seq.tree_rounds``."""
         ...
 
     def observe_round(self, seqs: list[Sequence], k: int, accepted: list[int], draft_s: float,
@@ -79,8 +91,13 @@ class ThroughputPolicy:
     PROBE_AFTER = 16  # a row held to plain steps this many times in a row drafts one token, to re-measure
     DEPTH = 7  # positions tracked (MAX_SPECULATIVE_TOKENS)
 
-    def __init__(self, prior_acceptance: float = 0.7, prior_weight: float = 2.0, decay: float = 0.95) -> None:
+    def __init__(self, prior_acceptance: float = 0.7, prior_weight: float = 2.0, decay: float = 0.95,
+                 trees: bool = True, prior_rescue: float = 0.1) -> None:
         self.prior_acceptance, self.prior_weight, self.decay = prior_acceptance, prior_weight, decay
+        self.trees = trees  # consider token trees for rows that can take them
+        self.prior_rescue = prior_rescue  # P(the first alternative is the target's token | chain rejected), unseen
+        self._alt_hit = [[0.0] * MAX_BRANCHING for _ in range(self.DEPTH)]  # [depth][rank], decayed per tree round
+        self._alt_tried = [[0.0] * MAX_BRANCHING for _ in range(self.DEPTH)]
         self.verify = RunningFit()  # seconds ~ window length
         self.draft = RunningFit()  # seconds ~ k
         self.plain = RunningFit()  # seconds of a plain step (x = 0)
@@ -130,24 +147,92 @@ class ThroughputPolicy:
             rounds.append(max(verify + max(draft, 0.0), 1e-9))
         return plain, rounds
 
-    def choose(self, seq: Sequence, budget: int) -> int:
+    def rescue(self, depth: int, rank: int) -> float:
+        """The chance that the target's token at ``depth`` (0-based) is the ``rank``-th alternative (1-based) when
+        the chain's draft there was rejected: every tree round's counts, shrunk towards ``prior_rescue * 0.6 **
+        (rank - 1)``."""
+        prior = self.prior_rescue * 0.6 ** (rank - 1)
+        w = self.prior_weight
+        return (self._alt_hit[depth][rank] + w * prior) / (self._alt_tried[depth][rank] + w)
+
+    def verify_cost(self, window: int, plain: float) -> float:
+        """Predicted seconds of a verify window of ``window`` positions."""
+        return self.verify.predict(window, 0.05 * plain) if self.verify.w else plain * (1 + 0.05 * (window - 1))
+
+    def tree_for(self, acceptances: list[float], k: int, plain: float,
+                 draft: float) -> tuple[tuple[int, ...], float, float]:
+        """The tree of ``k`` depths grown from the chain, one alternative at a time where it adds the most expected
+        tokens, while that raises the rate: (branching, expected tokens, predicted seconds)."""
+        branching = [1] * k
+        reach, run = [], 1.0  # P(depth j is reached)
+        for a in acceptances[:k]:
+            reach.append(run)
+            run *= a
+        tokens = self.expected_tokens(acceptances, k)
+        seconds = draft + self.verify_cost(k + 1, plain)
+        nodes = k
+        while nodes < MAX_TREE_NODES:
+            gains = [reach[j] * (1 - acceptances[j]) * self.rescue(j, branching[j])
+                     if branching[j] < MAX_BRANCHING else -1.0 for j in range(k)]
+            j = max(range(k), key=gains.__getitem__)
+            more = draft + self.verify_cost(nodes + 2, plain)
+            if gains[j] <= 0 or (tokens + gains[j]) / more <= tokens / seconds:
+                break
+            branching[j] += 1
+            nodes += 1
+            tokens, seconds = tokens + gains[j], more
+        return tuple(branching), tokens, seconds
+
+    def choose(self, seq: Sequence, budget: int) -> int | tuple[int, ...]:
         acceptances = self.acceptances(seq)
         plain, rounds = self.costs()
-        best_k, best = 0, 1.0 / plain
+        best_choice: int | tuple[int, ...] = 0
+        best = 1.0 / plain
+        trees = self.trees and bool(getattr(seq, "tree_rounds", False))
         for k in range(1, min(budget, len(rounds)) + 1):
             rate = self.expected_tokens(acceptances, k) / rounds[k - 1]
             if rate > best:
-                best_k, best = k, rate
+                best_choice, best = k, rate
+            if trees:
+                draft = rounds[k - 1] - self.verify_cost(k + 1, plain)
+                shape, tokens, seconds = self.tree_for(acceptances, k, plain, draft)
+                if max(shape) > 1 and tokens / seconds > best:
+                    best_choice, best = shape, tokens / seconds
         runs = self._plain_runs.get(seq.request_id, 0)
-        if best_k == 0 and budget >= 1 and runs >= self.PROBE_AFTER:
-            best_k = 1  # re-measure this row's acceptance now and then
-        self._plain_runs[seq.request_id] = runs + 1 if best_k == 0 else 0
-        return best_k
+        if best_choice == 0 and budget >= 1 and runs >= self.PROBE_AFTER:
+            best_choice = 1  # re-measure this row's acceptance now and then
+        self._plain_runs[seq.request_id] = runs + 1 if best_choice == 0 else 0
+        return best_choice
+
+    def observe_tree(self, seqs: list[Sequence], branching: tuple[int, ...], ranks: list[tuple[int, ...]],
+                     draft_s: float, verify_s: float) -> None:
+        """A tree round: the chain's drafts kept (the leading 0 ranks) as in ``observe_round``, and at the depth
+        where the chain's draft was rejected, which of its alternatives (if any) the target took."""
+        k = len(branching)
+        kept = [next((i for i, r in enumerate(path) if r), len(path)) for path in ranks]
+        self._observe(seqs, k, kept)
+        self.draft.add(k, draft_s)
+        self.verify.add(1 + sum(branching), verify_s)
+        d = self.decay
+        for path, n in zip(ranks, kept):
+            if n >= k:
+                continue
+            self._alt_hit = [[d * x for x in row] for row in self._alt_hit]
+            self._alt_tried = [[d * x for x in row] for row in self._alt_tried]
+            hit = path[n] if n < len(path) else 0  # 0: no alternative held the target's token
+            for rank in range(1, branching[n]):
+                self._alt_tried[n][rank] += 1
+                if rank == hit:
+                    self._alt_hit[n][rank] += 1
 
     def observe_round(self, seqs: list[Sequence], k: int, accepted: list[int], draft_s: float,
                       verify_s: float) -> None:
         self.draft.add(k, draft_s)
         self.verify.add(k + 1, verify_s)
+        self._observe(seqs, k, accepted)
+
+    def _observe(self, seqs: list[Sequence], k: int, accepted: list[int]) -> None:
+        """Each row's chain of ``k`` drafts kept its first ``accepted[i]``: the acceptance counts."""
         d = self.decay
         for seq, n in zip(seqs, accepted):
             kept, reached = self._seen.get(seq.request_id, ([0.0] * self.DEPTH, [0.0] * self.DEPTH))

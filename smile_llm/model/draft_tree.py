@@ -120,6 +120,14 @@ class DraftTree:
         return cls(torch.stack(tokens, dim=1).to(torch.int64), np.stack(parents, axis=1).astype(np.int64))
 
 
+def depth_ranks(branching: tuple[int, ...], slots: tuple[int, ...]) -> tuple[int, ...]:
+    """For an accepted path (window slots, in depth order) of a ``chain_with_alternatives`` tree of shape
+    ``branching``: each accepted node's index among its depth's nodes (0: the chain's draft, r: its r-th
+    alternative)."""
+    first = np.cumsum((1, *branching[:-1]))  # the slot of each depth's first node
+    return tuple(int(slot - first[j]) for j, slot in enumerate(slots))
+
+
 def window_mask(tree: DraftTree, start: np.ndarray) -> torch.Tensor:
     """The verify forward's attention mask in FlashInfer's ``custom_mask`` format: for row b, the ``[m + 1,
     start_b + m + 1]`` block (every query sees the context before the window, then its ancestors and itself),

@@ -67,6 +67,9 @@ class Sequence:
         self.speculative_tokens, self.draft_sampling = request.speculative_tokens, p.draft_sampling
         self.draft_tree = p.draft_tree  # alternatives per depth of a token-tree round (None: linear drafts)
         self.adaptive = request.adaptive  # the model's draft policy chooses each round's drafts
+        # whether a round may be a token tree: the drafter proposes trees, the model verifies them (dense, one rank)
+        self.tree_rounds = callable(getattr(model.drafter, "propose_tree", None)) and not model.pool.state_pools \
+            and model.tp.size == 1
         self.history: Any = None  # the drafter's state for this request: set by its bind, cleared by its release
         self.tokens: list[int] = []
         self.logprobs: list[float] | None = [] if p.wants_logprobs else None
@@ -151,12 +154,15 @@ class Sequence:
             return 0
         return max(0, min(self.speculative_tokens, self.remaining - 1, self.capacity - self.last_pos - 1))
 
-    def tree_fits(self) -> bool:
-        """Whether the next round can be this request's whole token tree: its full depth is within the draft
-        budget and every node fits the bound capacity (otherwise the round drafts a chain of ``draft_budget``)."""
-        tree = self.draft_tree
-        return tree is not None and self.draft_budget() == len(tree) and \
-            self.last_pos + 1 + tree_nodes(tree) <= self.capacity
+    def tree_fits(self, tree: tuple[int, ...] | None = None) -> bool:
+        """Whether the next round can be the token tree ``tree`` (a draft policy's shape, whose depth is within the
+        draft budget) or, by default, this request's whole ``draft_tree`` (its full depth is the draft budget): and
+        every node fits the bound capacity (otherwise the round drafts a chain)."""
+        if tree is None:
+            tree = self.draft_tree
+            if tree is None or self.draft_budget() != len(tree):
+                return False
+        return len(tree) <= self.draft_budget() and self.last_pos + 1 + tree_nodes(tree) <= self.capacity
 
     def round_span(self) -> int:
         """Positions after ``last_pos`` the next round may write: the tree's nodes, or its drafts."""

@@ -9,14 +9,15 @@ import pytest
 
 from smile_llm.model import LanguageModel
 from smile_llm.model.draft_policy import DraftPolicy, RunningFit, ThroughputPolicy
+from smile_llm.model.draft_tree import MAX_TREE_NODES, depth_ranks
 
 from .conftest import assert_clean
 
 CODE = "def main(argv):\n    parser = argparse.ArgumentParser()\n"
 
 
-def row(rid: int = 1) -> SimpleNamespace:
-    return SimpleNamespace(request_id=rid)
+def row(rid: int = 1, tree_rounds: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(request_id=rid, tree_rounds=tree_rounds)
 
 
 def test_running_fit_recovers_a_line_and_uses_the_prior_slope_until_two_points() -> None:
@@ -71,7 +72,8 @@ def test_auto_equals_plain_decoding_and_varies_k(lm) -> None:
     rounds = []
     auto = lm.generate(CODE, 80, speculative_tokens="auto", on_round=rounds.append)
     assert auto.tokens == plain.tokens
-    assert rounds and all(1 <= r.k <= 7 for r in rounds)
+    assert rounds and all(1 <= r.k <= 7 if r.parents is None else len(r.parents) == r.k <= MAX_TREE_NODES
+                          for r in rounds)
     sampled = dict(temperature=0.8, seed=5)
     assert lm.generate(CODE, 40, speculative_tokens="auto", **sampled).tokens == \
         lm.generate(CODE, 40, speculative_tokens=0, **sampled).tokens
@@ -142,3 +144,85 @@ def test_a_policy_that_raises_or_chooses_badly_costs_only_its_choice(lm) -> None
     assert "policy broke" in messages and "need an int in 0.." in messages
     assert out.tokens == lm.generate(CODE, 30, speculative_tokens=0).tokens and out.stats["speculative_rounds"] == 0
     assert_clean(lm.pool)
+
+
+# ---------------------------------------------------------------------------------------------- tree shapes
+def test_depth_ranks_name_each_accepted_node_within_its_depth() -> None:
+    # shape (3, 2, 2): depth 1 is slots 1..3, depth 2 slots 4..5, depth 3 slots 6..7
+    assert depth_ranks((3, 2, 2), (1, 4, 7)) == (0, 0, 1)
+    assert depth_ranks((3, 2, 2), (3,)) == (2,)
+    assert depth_ranks((1, 1), ()) == ()
+
+
+def test_throughput_policy_grows_trees_where_drafts_are_rejected_and_rescued() -> None:
+    """Weak chain drafts (the first kept 30% of the time) whose first alternative holds the target's token in
+    every rejected round: trees pay, and the tree grows alternatives where rounds end. Strong drafts (always kept):
+    a long chain. A row that cannot take tree rounds never gets a tree."""
+    weak = ThroughputPolicy()
+    tree_row = row(tree_rounds=True)
+    for i in range(40):
+        weak.observe_plain([tree_row], 0.010)
+        kept_first = i % 10 < 3
+        ranks = (0, 1) if kept_first else (1,)  # the chain's first draft, else its first alternative
+        weak.observe_tree([tree_row], (2, 2), [ranks], 0.004, 0.010 + 0.001 * 5)
+    assert weak.acceptances(tree_row)[0] == pytest.approx(0.3, abs=0.1)
+    assert weak.rescue(0, 1) > 0.85 and weak.rescue(1, 1) > 0.5  # (decayed counts, shrunk towards the prior)
+    assert weak.rescue(0, 2) == pytest.approx(weak.prior_rescue * 0.6)  # never offered: the prior
+    choice = weak.choose(tree_row, 7)
+    assert isinstance(choice, tuple) and choice[0] >= 2, choice
+    assert isinstance(weak.choose(row(), 7), int)  # no tree rounds for this row: a count
+    strong = ThroughputPolicy()
+    feed(strong, kept=7, k=5)
+    assert strong.choose(row(tree_rounds=True), 7) == 7
+    tokens, seconds = strong.tree_for(strong.acceptances(row()), 3, 0.010, 0.006)[1:]
+    assert tokens == pytest.approx(ThroughputPolicy.expected_tokens(strong.acceptances(row()), 3))
+    assert ThroughputPolicy(trees=False).choose(tree_row, 7) in range(8)
+
+
+class FixedTree(Schedule):
+    """A policy of one's own that chooses the tree (3, 2, 2) whenever the budget allows, 1 draft otherwise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trees: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+
+    def choose(self, seq, budget: int):
+        return (3, 2, 2) if budget >= 3 else min(budget, 1)
+
+    def observe_tree(self, seqs, branching, ranks, draft_s, verify_s) -> None:
+        assert draft_s >= 0 and verify_s > 0 and len(ranks) == len(seqs) == 1
+        self.trees.append((branching, ranks[0]))
+
+
+def test_a_policy_may_choose_token_trees(lm) -> None:
+    """The policy's trees verify losslessly, each round is the chosen shape, and observe_tree gets the ranks of
+    the round's accepted path: the token kept at each depth is the node of that rank at that depth."""
+    own = FixedTree()
+    before = lm.draft_policy
+    lm.draft_policy = own
+    try:
+        rounds = []
+        out = lm.generate(CODE, 60, speculative_tokens="auto", on_round=rounds.append)
+    finally:
+        lm.draft_policy = before
+    assert out.tokens == lm.generate(CODE, 60, speculative_tokens=0).tokens
+    tree_rounds = [r for r in rounds if r.parents is not None]
+    assert len(tree_rounds) == len(own.trees) >= 5
+    first = (0, 3, 5)  # shape (3, 2, 2): each depth's first window slot minus one
+    for record, (branching, ranks) in zip(tree_rounds, own.trees):
+        assert branching == (3, 2, 2) and record.parents == (0, 0, 0, 1, 1, 4, 4) and record.k == 7
+        assert len(ranks) == record.num_accepted
+        assert [record.drafts[first[j] + r] for j, r in enumerate(ranks)] == list(record.tokens[: len(ranks)])
+    assert any(r for _, ranks in own.trees for r in ranks), "no alternative was ever taken"
+    assert_clean(lm.pool)
+
+
+def test_a_tree_for_a_row_that_cannot_take_one_costs_only_the_choice() -> None:
+    """The hybrid model verifies no trees: the policy's tree is refused with a warning and the row steps plainly."""
+    hybrid = LanguageModel.default("hybrid", max_seq_len=256)
+    hybrid.draft_policy = FixedTree()
+    with pytest.warns(RuntimeWarning, match="cannot take tree rounds"):
+        out = hybrid.generate(CODE, 12, speculative_tokens="auto")
+    assert out.tokens == hybrid.generate(CODE, 12, speculative_tokens=0).tokens
+    assert out.stats["speculative_rounds"] <= 1  # only the 1-draft choices near the end
+    hybrid.close()
