@@ -23,7 +23,7 @@ from ..cache import KvCachePool
 
 from .choice import choose_next
 from .draft_policy import DraftPolicy, ThroughputPolicy
-from .draft_tree import MAX_BRANCHING, MAX_TREE_NODES, DraftTree, TreeAccept, accept_tree, depth_ranks, tree_nodes
+from .draft_tree import MAX_BRANCHING, MAX_TREE_NODES, DraftTree, TreeAccept, accept_tree, tree_nodes
 from .drafters import Drafter
 from .sampling import probabilities, sample
 from .sequence import Sequence
@@ -213,7 +213,7 @@ class Decoder:
                 t1 = time.perf_counter()
                 accepted = self._verify_tree(chunk, branching, tree)
                 if any(s.adaptive for s in chunk):
-                    ranks = [depth_ranks(branching, r.slots) for r in accepted]
+                    ranks = [tree.depth_ranks(b, r.slots) for b, r in enumerate(accepted)]
                     self._policy("observe_tree", chunk, branching, ranks, t1 - t0, time.perf_counter() - t1)
         if plain:  # eager while rows speculate: a decode replay after verify replays in one step is untested on a GPU
             t0 = time.perf_counter()
@@ -376,14 +376,15 @@ class Decoder:
         return self._verify_tree(seqs, branching, self._tree_proposal(seqs, branching))
 
     def _tree_proposal(self, seqs: list[Sequence], branching: tuple[int, ...]) -> DraftTree:
-        """The drafter's token trees, checked: a ``DraftTree`` of ``tree_nodes(branching)`` nodes per row, ids in
-        the vocabulary (ValueError else)."""
+        """The drafter's token trees, checked: a ``DraftTree`` of 1 .. ``tree_nodes(branching)`` nodes per row (a
+        drafter may propose a smaller tree than the shape allows: a dynamic shape) of at most ``len(branching)``
+        depths, ids in the vocabulary (ValueError else)."""
         assert self.drafter is not None
         tree = getattr(self.drafter, "propose_tree")(seqs, branching)
         if not isinstance(tree, DraftTree) or tree.tokens.shape[0] != len(seqs) or \
-                tree.size != tree_nodes(branching):
-            raise ValueError(f"the drafter proposed {tree!r} for {len(seqs)} rows, need a DraftTree of "
-                             f"{tree_nodes(branching)} nodes per row")
+                not 1 <= tree.size <= tree_nodes(branching) or int(tree.depths().max()) > len(branching):
+            raise ValueError(f"the drafter proposed {tree!r} for {len(seqs)} rows, need a DraftTree of 1.."
+                             f"{tree_nodes(branching)} nodes per row and at most {len(branching)} depths")
         self._check_vocab(tree.tokens)
         return tree
 

@@ -67,6 +67,13 @@ class DraftTree:
             depth[:, i + 1] = depth[rows, self.parents[:, i]] + 1
         return depth
 
+    def depth_ranks(self, row: int, slots: tuple[int, ...]) -> tuple[int, ...]:
+        """For an accepted path of ``row`` (window slots, in depth order): each node's index among the row's nodes of
+        its depth, in slot order. In ``chain_with_alternatives`` (and the n-gram drafter's tries) the first node at
+        each depth is the drafter's own chain: rank 0 is its draft, rank r its r-th alternative."""
+        depth = self.depths()[row]
+        return tuple(int((depth[1:slot] == depth[slot]).sum()) for slot in slots)
+
     def ancestry(self) -> np.ndarray:
         """bool ``[B, m + 1, m + 1]``: slot i sees slot j (j is i or one of its ancestors)."""
         b, m = self.parents.shape
@@ -118,14 +125,6 @@ class DraftTree:
                     parents.append(np.full(bsz, prev))
             prev = node
         return cls(torch.stack(tokens, dim=1).to(torch.int64), np.stack(parents, axis=1).astype(np.int64))
-
-
-def depth_ranks(branching: tuple[int, ...], slots: tuple[int, ...]) -> tuple[int, ...]:
-    """For an accepted path (window slots, in depth order) of a ``chain_with_alternatives`` tree of shape
-    ``branching``: each accepted node's index among its depth's nodes (0: the chain's draft, r: its r-th
-    alternative)."""
-    first = np.cumsum((1, *branching[:-1]))  # the slot of each depth's first node
-    return tuple(int(slot - first[j]) for j, slot in enumerate(slots))
 
 
 def window_mask(tree: DraftTree, start: np.ndarray) -> torch.Tensor:

@@ -204,16 +204,24 @@ def test_bad_drafters_and_ranges_are_refused_before_anything_runs(two_prompts: P
             parse_names(bad, "--drafters")
 
 
+def linear_only(ctx) -> Drafter:
+    """A drafter factory (``module:callable``): linear n-gram drafts without ``propose_tree``."""
+    from tests.model.test_draft_tree import LinearOnly
+
+    return LinearOnly()
+
+
 def test_trees_and_policy_run_or_are_refused_clearly(two_prompts: Path, tmp_path: Path, capsys) -> None:
     """Trees and adaptive k run when this build's SamplingParams takes them, and are refused with a clear message
     (exit 2, nothing run) when it does not."""
-    base = ["spec-lab", "--drafters", "mtp,ngram", "--k", "1", "--workload", str(two_prompts), "--new", "8",
-            "--repeats", "1", "--out", str(tmp_path)]
+    base = ["spec-lab", "--drafters", f"mtp,ngram,{__name__}:linear_only", "--k", "1", "--workload",
+            str(two_prompts), "--new", "8", "--repeats", "1", "--out", str(tmp_path)]
     code = cli.main(base + ["--trees", "2,1"])
     err = capsys.readouterr().err
     if trees_supported():
-        assert code == 0 and "ngram tree=2,1: skipped" in err
-        assert "| mtp tree=2,1 | " in (tmp_path / "results.md").read_text()
+        assert code == 0 and f"{__name__}:linear_only tree=2,1: skipped" in err  # no propose_tree
+        table = (tmp_path / "results.md").read_text()
+        assert "| mtp tree=2,1 | " in table and "| ngram tree=2,1 | " in table
     else:
         assert code == 2 and "tree drafts are not available in this build" in err
     code = cli.main(base + ["--policy", "auto"])

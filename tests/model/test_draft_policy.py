@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
+import torch
 
 from smile_llm.model import LanguageModel
 from smile_llm.model.draft_policy import DraftPolicy, RunningFit, ThroughputPolicy
-from smile_llm.model.draft_tree import MAX_TREE_NODES, depth_ranks
+from smile_llm.model.draft_tree import MAX_TREE_NODES, DraftTree
 
 from .conftest import assert_clean
 
@@ -149,9 +151,13 @@ def test_a_policy_that_raises_or_chooses_badly_costs_only_its_choice(lm) -> None
 # ---------------------------------------------------------------------------------------------- tree shapes
 def test_depth_ranks_name_each_accepted_node_within_its_depth() -> None:
     # shape (3, 2, 2): depth 1 is slots 1..3, depth 2 slots 4..5, depth 3 slots 6..7
-    assert depth_ranks((3, 2, 2), (1, 4, 7)) == (0, 0, 1)
-    assert depth_ranks((3, 2, 2), (3,)) == (2,)
-    assert depth_ranks((1, 1), ()) == ()
+    tree = DraftTree.chain_with_alternatives(torch.tensor([[5, 6, 7]]), torch.zeros(1, 3, 10), (3, 2, 2))
+    assert tree.depth_ranks(0, (1, 4, 7)) == (0, 0, 1)
+    assert tree.depth_ranks(0, (3,)) == (2,)
+    assert tree.depth_ranks(0, ()) == ()
+    # a trie: the chain 1-2-3 first, then a branch under node 1 (slot 4, depth 2) and one under the root (slot 5)
+    trie = DraftTree(torch.tensor([[1, 2, 3, 4, 5]]), np.array([[0, 1, 2, 1, 0]]))
+    assert trie.depth_ranks(0, (1, 4)) == (0, 1) and trie.depth_ranks(0, (5,)) == (1,)
 
 
 def test_throughput_policy_grows_trees_where_drafts_are_rejected_and_rescued() -> None:

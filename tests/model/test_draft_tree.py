@@ -14,6 +14,7 @@ import torch
 from smile_llm.engine import InferenceEngine
 from smile_llm.model import LanguageModel
 from smile_llm.model.draft_tree import DraftTree, accept_tree
+from smile_llm.model.drafters import NgramDrafter
 from smile_llm.model.request import SamplingParams
 
 from .conftest import PROMPT, assert_clean
@@ -149,10 +150,45 @@ def test_bad_trees_are_refused_by_name(lm, options, match) -> None:
     assert_clean(lm.pool)
 
 
+class LinearOnly:
+    """A drafter of one's own without ``propose_tree``: the n-gram drafter's linear drafts."""
+
+    def __init__(self) -> None:
+        self.inner = NgramDrafter()
+        self.num_speculative_tokens = self.inner.num_speculative_tokens
+
+    def bind(self, seq, final_len):
+        return self.inner.bind(seq, final_len)
+
+    def release(self, seq):
+        self.inner.release(seq)
+
+    def close(self):
+        self.inner.close()
+
+    def max_batch(self, n):
+        return self.inner.max_batch(n)
+
+    def ready(self, seq):
+        return self.inner.ready(seq)
+
+    def propose(self, seqs, n):
+        return self.inner.propose(seqs, n)
+
+    def extend(self, seq, hidden, start):
+        self.inner.extend(seq, hidden, start)
+
+    def absorb(self, seqs):
+        self.inner.absorb(seqs)
+
+    def commit(self, seq, hidden):
+        self.inner.commit(seq, hidden)
+
+
 def test_a_drafter_without_trees_refuses_them() -> None:
-    lm = LanguageModel.default(max_seq_len=256, drafter="ngram")
+    lm = LanguageModel.default(max_seq_len=256, drafter=LinearOnly())
     try:
-        with pytest.raises(ValueError, match="draft_tree: this model's drafter \\(NgramDrafter\\)"):
+        with pytest.raises(ValueError, match="draft_tree: this model's drafter \\(LinearOnly\\)"):
             lm.generate("import os\n", 4, draft_tree=(2,))
         assert_clean(lm.pool)
     finally:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -418,3 +419,51 @@ def test_a_drafter_hook_that_raises_leaves_the_rows_decoding_plainly(plain_lm, h
         assert out.stats["speculative_rounds"] == 2 and out.stats["draft_errors"] == 1  # no round after it
     assert_clean(lm.pool)
     assert spec.generate(prompt, 4, speculative_tokens=0).tokens == want.tokens[:4]  # the model goes on
+
+
+# ---------------------------------------------------------------------------------------------- n-gram trees
+def ngram_row(tokens: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(prompt=tokens, tokens=[], history=None)
+
+
+def test_ngram_tree_is_the_trie_of_every_occurrence() -> None:
+    """Context ``a b X c a b Y d a b`` (a=1 b=2 X=3 c=4 Y=5 d=6), suffix ``a b``: the most recent occurrence's
+    continuation ``Y d a`` is the chain (slots 1..3, the linear draft); the older one's ``X c a`` branches at the
+    root. Depth caps cut continuations; a row with a single occurrence is the chain alone, padded in a batch with
+    copies of its first node."""
+    drafter = NgramDrafter(2, 2)
+    varied, single = ngram_row([1, 2, 3, 4, 1, 2, 5, 6, 1, 2]), ngram_row([7, 1, 2, 8, 9, 1, 2])
+    for seq in (varied, single):
+        drafter.bind(seq, 32)
+        assert drafter.ready(seq)
+    linear, _ = drafter.propose([varied], 3)
+    tree = drafter.propose_tree([varied], (2, 2, 2))
+    assert tree.tokens.tolist() == [[5, 6, 1, 3, 4, 1]] and tree.parents.tolist() == [[0, 1, 2, 0, 4, 5]]
+    assert tree.tokens[0, :3].tolist() == linear[0].tolist()
+    capped = drafter.propose_tree([varied], (2, 1, 1))  # depth 2 is full after the chain: X alone
+    assert capped.tokens.tolist() == [[5, 6, 1, 3]] and capped.parents.tolist() == [[0, 1, 2, 0]]
+    batch = drafter.propose_tree([single, varied], (2, 2, 2))
+    assert batch.tokens.tolist() == [[8, 9, 1, 8, 8, 8], [5, 6, 1, 3, 4, 1]]
+    assert batch.parents.tolist() == [[0, 1, 2, 0, 0, 0], [0, 1, 2, 0, 4, 5]]
+    assert batch.children(0)[0] == {8: 1}  # the padding is never a child acceptance can reach
+
+
+VARIED = "self.alpha = alpha\nself.beta = beta\nself.gamma = gamma\nself.delta = delta\nself."
+
+
+def test_ngram_trees_are_lossless(plain, plain_lm):
+    """Greedy and seeded-sampled decoding with n-gram token trees equal plain decoding; tree rounds hold the chain's 4
+    nodes and at most the shape's 8, and the varied prompt's trees branch."""
+    lm = LanguageModel.default(max_seq_len=512, drafter=NgramDrafter(2, 4))
+    for prompt in (VARIED, REPETITIVE, PROMPTS[1]):
+        records: list[RoundRecord] = []
+        got = lm.generate(prompt, NEW, draft_tree=(3, 2, 2, 1), on_round=records.append)
+        assert got.tokens == plain(prompt).tokens
+        trees = [r for r in records if r.parents is not None]  # (near the limit a round drafts a chain)
+        assert trees and all(4 <= r.k <= 8 for r in trees)
+        if prompt == VARIED:
+            assert any(r.k > 4 for r in trees), "the variations never branched"
+        assert_lm_clean(lm)
+    want = plain_lm.generate(VARIED, NEW, temperature=0.7, seed=3, speculative_tokens=0)
+    assert lm.generate(VARIED, NEW, temperature=0.7, seed=3, draft_tree=(3, 2, 2, 1)).tokens == want.tokens
+    lm.close()

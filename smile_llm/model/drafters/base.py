@@ -23,7 +23,9 @@ fails a request: a raising ``propose`` (or one proposing the wrong shape or toke
 that round, and the rows take a plain step; any other hook that raises ends drafting for its rows (they get no
 further hook but ``release``). Either way a RuntimeWarning names the error and ``stats["draft_errors"]`` counts it.
 
-Optional: ``propose_tree(seqs, branching) -> DraftTree`` (``draft_tree``) lets requests ask for token trees.
+Optional: ``propose_tree(seqs, branching) -> DraftTree`` (``draft_tree``) lets requests and draft policies ask for
+token trees: per row 1 .. ``sum(branching)`` nodes of at most ``len(branching)`` depths (a static or a dynamic
+shape).
 """
 
 from __future__ import annotations

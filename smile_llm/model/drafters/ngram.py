@@ -9,6 +9,11 @@ drafts. A row with no match is not ``ready``: it takes a plain step, and tries a
 
 Drafts are greedy (no distributions): at temperature 0 the output equals plain greedy decoding, and when sampling
 the target's samples decide what is kept.
+
+``propose_tree`` drafts a dynamic token tree: the trie of what followed every earlier occurrence of the matched
+suffix (the most recent first, whose copy is the linear draft and the tree's chain), within the shape's nodes per
+depth. Text that repeats with variations (``self.x = x`` then ``self.y = y``) offers each variation as a branch;
+a suffix that occurred once gives the chain alone, a smaller tree than the shape allows.
 """
 
 from __future__ import annotations
@@ -19,11 +24,15 @@ import numpy as np
 import torch
 
 from ..config import MAX_SPECULATIVE_TOKENS
+from ..draft_tree import DraftTree
 from ..sequence import Sequence
 
 DEFAULT_MIN_N = 5  # vLLM's prompt_lookup_min default
 DEFAULT_MAX_N = 5  # vLLM's prompt_lookup_max default
 DEFAULT_TOKENS = 3  # drafts per round for requests that ask for the default
+
+
+MAX_OCCURRENCES = 16  # occurrences of the matched suffix a tree is built from (the most recent)
 
 
 def find_ngram_match(tokens: np.ndarray, min_n: int, max_n: int) -> tuple[int, int] | None:
@@ -38,9 +47,20 @@ def find_ngram_match(tokens: np.ndarray, min_n: int, max_n: int) -> tuple[int, i
     >>> find_ngram_match(np.array([1, 2, 3]), 1, 3) is None
     True
     """
+    matches = find_ngram_matches(tokens, min_n, max_n, 1)
+    return matches[0] if matches else None
+
+
+def find_ngram_matches(tokens: np.ndarray, min_n: int, max_n: int, limit: int) -> list[tuple[int, int]]:
+    """``find_ngram_match`` for up to ``limit`` occurrences of the longest matched suffix, the most recent first
+    (empty when none has ``min_n`` tokens).
+
+    >>> find_ngram_matches(np.array([5, 6, 7, 5, 6, 8, 5, 6]), 2, 2, 4)  # "5 6" ended at 4 and at 1
+    [(5, 3), (2, 6)]
+    """
     length = len(tokens)
     if length < min_n + 1:
-        return None
+        return []
     cand = length - 1  # occurrences may end at 0..L-2
     alive = np.ones(cand, dtype=bool)
     matched = np.zeros(cand, dtype=np.int64)  # suffix length matched at each end, capped at max_n
@@ -52,9 +72,9 @@ def find_ngram_match(tokens: np.ndarray, min_n: int, max_n: int) -> tuple[int, i
         matched += alive
     best = int(matched.max())
     if best < min_n:
-        return None
-    end = int(np.flatnonzero(matched == best)[-1])
-    return end + 1, length - 1 - end
+        return []
+    ends = np.flatnonzero(matched == best)[::-1][:limit]
+    return [(int(e) + 1, length - 1 - int(e)) for e in ends]
 
 
 @dataclass
@@ -137,6 +157,40 @@ class NgramDrafter:
             start, period = match
             out[b] = st.tokens[start + steps % period]
         return torch.from_numpy(out), None
+
+    def propose_tree(self, seqs: list[Sequence], branching: tuple[int, ...]) -> DraftTree:
+        """A trie per (``ready``) row of the continuations of up to ``MAX_OCCURRENCES`` occurrences of its matched
+        suffix, the most recent first (its continuation, the linear draft, is the chain: slots 1..k), each
+        ``len(branching)`` tokens long, with at most ``branching[j]`` nodes at depth j (a continuation stops where
+        its depth is full). Rows with fewer nodes than the largest are padded with copies of their first node, which
+        acceptance never reaches (the first child holding a token wins)."""
+        k = len(branching)
+        steps = np.arange(k)
+        rows: list[tuple[list[int], list[int]]] = []
+        for seq in seqs:
+            st = self.state(seq)
+            assert st is not None and self._match(seq, st) is not None, "propose_tree needs ready rows"
+            tokens, parents = [], []
+            child: dict[tuple[int, int], int] = {}  # (parent slot, token) -> slot
+            depth_nodes = [0] * k
+            for start, period in find_ngram_matches(st.tokens[: st.length], self.min_n, self.max_n,
+                                                    MAX_OCCURRENCES):
+                parent = 0
+                for j, token in enumerate(st.tokens[start + steps % period].tolist()):
+                    slot = child.get((parent, token))
+                    if slot is None:
+                        if depth_nodes[j] >= branching[j]:
+                            break
+                        tokens.append(token)
+                        parents.append(parent)
+                        slot = child[(parent, token)] = len(tokens)
+                        depth_nodes[j] += 1
+                    parent = slot
+            rows.append((tokens, parents))
+        m = max(len(t) for t, _ in rows)
+        out_tokens = np.array([t + [t[0]] * (m - len(t)) for t, _ in rows], dtype=np.int64)
+        out_parents = np.array([p + [0] * (m - len(p)) for _, p in rows], dtype=np.int64)
+        return DraftTree(torch.from_numpy(out_tokens), out_parents)
 
     def extend(self, seq: Sequence, hidden: torch.Tensor, start: int) -> None:
         pass
