@@ -2,8 +2,8 @@
 # The prepared GPU check: FlashInfer against the pure-PyTorch reference, CUDA-graph capture and replay, and
 # fla-core's gated-delta-rule kernels against the PyTorch forms, hybrid models served on the GPU (the tests marked
 # `cuda` in tests/attention/test_flashinfer_cuda.py, tests/model/test_graphs_cuda.py,
-# tests/model/test_deltanet_ops_cuda.py and tests/model/test_hybrid_cuda.py, which needs transformers for its
-# fixtures and skips without it).
+# tests/model/test_deltanet_ops_cuda.py, tests/model/test_hybrid_cuda.py, which needs transformers for its
+# fixtures and skips without it, and the draft chain's test in tests/model/test_draft_chain.py).
 # For a GPU machine that reaches no package index and brings its own Python 3.12 with CUDA torch, pytest and numpy:
 #
 #   bash scripts/gpu_check.sh --fetch-wheels   beforehand, where PyPI is reachable: saves the pinned
@@ -37,7 +37,7 @@ TVM_FFI_VERSION=0.1.15.post2     # within flashinfer-python 0.6.18.post1's ">=0.
 FLA_VERSION=0.6.0                # fla-core: Triton kernels (triton comes with CUDA torch) and einops, pure Python
 EINOPS_VERSION=0.8.2
 CUDA_TESTS=(tests/attention/test_flashinfer_cuda.py tests/model/test_graphs_cuda.py tests/model/test_hybrid_cuda.py
-            tests/model/test_deltanet_ops_cuda.py)
+            tests/model/test_deltanet_ops_cuda.py tests/model/test_draft_chain.py)
 
 say() { printf '\n== %s\n' "$*"; }
 warn() { printf 'gpu_check: %s\n' "$*" >&2; }

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from smile_llm.attention.backend import select_backend
+from smile_llm.attention.flashinfer import flashinfer_available
 from smile_llm.cache import KvCachePool
-from smile_llm.model import LanguageModel, Transformer
+from smile_llm.model import LanguageModel, ModelConfig, Transformer
 
 from .mtp_models import build_mtp_model, load
 
@@ -26,17 +27,21 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Transformer]:
 
 def history_pool(tr: Transformer, page_size: int, seed: int) -> tuple[KvCachePool, list[int]]:
     """An MTP pool whose rows hold HISTORY positions of seeded random (token, hidden) inputs, written by
-    ``Transformer.draft`` one row at a time; room for STEPS more positions per row."""
+    ``Transformer.draft`` one row at a time; room for STEPS more positions per row. On the model's device, in its
+    dtype."""
     c = tr.config
-    pool = KvCachePool(c.mtp_num_hidden_layers, 128, c.num_key_value_heads, c.head_dim, page_size)
+    device = tr.model.embed_tokens.weight.device
+    pool = KvCachePool(c.mtp_num_hidden_layers, 128, c.num_key_value_heads, c.head_dim, page_size, device=device,
+                       dtype=tr.dtype)
     pool.prefix_reuse_enabled = False
     ids = [pool.bind_request([], n + STEPS) for n in HISTORY]
     g = torch.Generator().manual_seed(seed)
-    backend = select_backend(torch.device("cpu"))
+    backend = select_backend(device)
     for rid, n in zip(ids, HISTORY):
         pool.activate_step(rid)
-        tokens = torch.randint(0, c.vocab_size, (1, n), generator=g)
-        tr.draft(tokens, torch.randn(1, n, c.hidden_size, generator=g, dtype=tr.dtype), np.array([0]), pool, backend)
+        tokens = torch.randint(0, c.vocab_size, (1, n), generator=g).to(device)
+        hidden = torch.randn(1, n, c.hidden_size, generator=g).to(device, tr.dtype)
+        tr.draft(tokens, hidden, np.array([0]), pool, backend)
     pool.activate_step(*ids)
     return pool, ids
 
@@ -95,3 +100,36 @@ def test_a_chain_needs_a_step_and_an_mtp_head(models) -> None:
             tr.draft_chain(pool, backend, np.array(HISTORY), 2)
     finally:
         tr.mtp = head
+
+
+CUDA_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 257, "hidden_size": 256,
+               "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
+               "head_dim": 128, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+               "tie_word_embeddings": True, "mtp_num_hidden_layers": 1}
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not (torch.cuda.is_available() and flashinfer_available()),
+                    reason="needs a CUDA device and flashinfer (pip install 'smile-llm[gpu]')")
+def test_chain_steps_equal_one_token_forwards_with_flashinfer() -> None:
+    """On CUDA in bf16: the chain's history through FlashInfer's decode with its LSE, merged with the chain part in
+    plain matmuls, against one-token FlashInfer forwards through the pool (bf16 tolerance, same argmax)."""
+    torch.manual_seed(0)
+    tr = Transformer(ModelConfig.from_dict(CUDA_CONFIG)).to("cuda", torch.bfloat16)
+    c = tr.config
+    through_pool, _ = history_pool(tr, 4, seed=1)
+    chained, chain_ids = history_pool(tr, 4, seed=1)
+    backend, chain_backend = select_backend("cuda"), select_backend("cuda")
+    assert backend.name == chain_backend.name == "flashinfer"
+    start = np.array(HISTORY, dtype=np.int64)
+    chain = tr.draft_chain(chained, chain_backend, start, STEPS)
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, c.vocab_size, (3, 1), generator=g).cuda()
+    hidden = torch.randn(3, 1, c.hidden_size, generator=g).to("cuda", torch.bfloat16)
+    for j in range(STEPS):
+        want = tr.draft(tokens, hidden, start + j, through_pool, backend)
+        got = chain.step(tokens, hidden)
+        assert (got.logits - want.logits).abs().max().item() < 0.1, j
+        assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1)), j
+        tokens, hidden = want.logits.argmax(-1, keepdim=True), want.hidden[:, None]
+    assert [chained.kv_len(i) for i in chain_ids] == HISTORY
