@@ -197,9 +197,10 @@ class Decoder:
                     continue
                 t1 = time.perf_counter()
                 results = self._verify(chunk, n, *proposal)
-                if any(s.adaptive for s in chunk):
-                    self._policy("observe_round", chunk, n, [r.num_accepted for r in results], t1 - t0,
-                                 time.perf_counter() - t1)
+                rows = [b for b, s in enumerate(chunk) if s.adaptive]  # the policy hears of its own rows only
+                if rows:
+                    self._policy("observe_round", [chunk[b] for b in rows], n, [results[b].num_accepted for b in rows],
+                                 t1 - t0, time.perf_counter() - t1)
         for branching, group in trees.items():
             assert self.drafter is not None
             size = max(1, self.drafter.max_batch(len(branching)))
@@ -212,9 +213,10 @@ class Decoder:
                     continue
                 t1 = time.perf_counter()
                 accepted = self._verify_tree(chunk, branching, tree)
-                if any(s.adaptive for s in chunk):
-                    ranks = [tree.depth_ranks(b, r.slots) for b, r in enumerate(accepted)]
-                    self._policy("observe_tree", chunk, branching, ranks, t1 - t0, time.perf_counter() - t1)
+                rows = [b for b, s in enumerate(chunk) if s.adaptive]  # the policy hears of its own rows only
+                if rows:
+                    self._policy("observe_tree", [chunk[b] for b in rows], branching,
+                                 [tree.walk(b, accepted[b].slots) for b in rows], t1 - t0, time.perf_counter() - t1)
         if plain:  # eager while rows speculate: a decode replay after verify replays in one step is untested on a GPU
             t0 = time.perf_counter()
             self.decode(plain, allow_graph=not groups and not trees)
@@ -411,8 +413,9 @@ class Decoder:
         drafted = tree.tokens.tolist()
         for b, (seq, res) in enumerate(zip(seqs, results)):
             path = [0, *res.slots]  # the root and the accepted nodes, in path order
-            record = RoundRecord(int(start[b]), m, tuple(drafted[b]), res.num_accepted, res.tokens,
-                                 tuple(int(p) for p in tree.parents[b]))
+            own = tree.row_size(b)  # the row's drafts, without the batch's padding
+            record = RoundRecord(int(start[b]), own, tuple(drafted[b][:own]), res.num_accepted, res.tokens,
+                                 tuple(int(p) for p in tree.parents[b, :own]))
             self._append_round(seq, record, len(branching), out.hidden[b, path], out.logits[b, path])
         return results
 

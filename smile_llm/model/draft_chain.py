@@ -91,7 +91,8 @@ class DraftChain:
         if layer not in self._history:
             self._history[layer] = (self.pool.key_layer(layer), self.pool.value_layer(layer))
             shape = (b, hkv, self.steps, d)
-            self._scratch[layer] = (torch.empty(shape, device=q.device), torch.empty(shape, device=q.device))
+            self._scratch[layer] = (torch.empty(shape, dtype=torch.float32, device=q.device),
+                                    torch.empty(shape, dtype=torch.float32, device=q.device))
         k_layer, v_layer = self._history[layer]
         ks, vs = self._scratch[layer]
         ks[:, :, j] = k[:, 0]

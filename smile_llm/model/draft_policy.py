@@ -7,9 +7,9 @@ tree shape: branching factors per depth ``(b_1 .. b_k)`` with ``k <= budget`` (`
 k drafts and, at depth j, its next ``b_j - 1`` most likely tokens as leaves). It reports what happened:
 ``observe_round(seqs, k, accepted, draft_s, verify_s)`` after a linear round of k drafts (the drafts each row kept;
 the seconds the drafter's ``propose`` and the verify forward took), ``observe_plain(rows, seconds)`` after a plain
-step and, to a policy that chooses trees, ``observe_tree(seqs, branching, ranks, draft_s, verify_s)`` after a tree
-round (``ranks[i]``: for each depth of row i's accepted path, the accepted node's index among that depth's nodes; 0
-is the chain's draft). Any object with the first three methods is a policy (``DraftPolicy``); one that returns tree
+step and, to a policy that chooses trees, ``observe_tree(seqs, branching, walks, draft_s, verify_s)`` after a tree
+round (``walks[i]``, a ``TreeWalk``: at each node of row i's accepted path, how many children it offered and which
+one was taken; 0 is the drafter's own continuation). Any object with the first three methods is a policy (``DraftPolicy``); one that returns tree
 shapes needs ``observe_tree`` too. Set it with ``LanguageModel.draft_policy``.
 
 The built-in ``ThroughputPolicy`` maximises expected tokens per second. Per request it keeps running estimates of
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .draft_tree import MAX_BRANCHING, MAX_TREE_NODES
+from .draft_tree import MAX_BRANCHING, MAX_TREE_NODES, TreeWalk
 
 if TYPE_CHECKING:
     from .sequence import Sequence
@@ -204,23 +204,23 @@ class ThroughputPolicy:
         self._plain_runs[seq.request_id] = runs + 1 if best_choice == 0 else 0
         return best_choice
 
-    def observe_tree(self, seqs: list[Sequence], branching: tuple[int, ...], ranks: list[tuple[int, ...]],
+    def observe_tree(self, seqs: list[Sequence], branching: tuple[int, ...], walks: list[TreeWalk],
                      draft_s: float, verify_s: float) -> None:
         """A tree round: the chain's drafts kept (the leading 0 ranks) as in ``observe_round``, and at the depth
-        where the chain's draft was rejected, which of its alternatives (if any) the target took."""
+        where the chain's draft was rejected, which of the alternatives offered there (if any) the target took."""
         k = len(branching)
-        kept = [next((i for i, r in enumerate(path) if r), len(path)) for path in ranks]
+        kept = [next((i for i, r in enumerate(w.ranks) if r), len(w.ranks)) for w in walks]
         self._observe(seqs, k, kept)
         self.draft.add(k, draft_s)
-        self.verify.add(1 + sum(branching), verify_s)
+        self.verify.add(1 + max((w.nodes for w in walks), default=k), verify_s)
         d = self.decay
-        for path, n in zip(ranks, kept):
-            if n >= k:
-                continue
+        for w, n in zip(walks, kept):
+            if n >= min(k, len(w.offered)):
+                continue  # the whole chain kept, or nothing offered where it stopped
             self._alt_hit = [[d * x for x in row] for row in self._alt_hit]
             self._alt_tried = [[d * x for x in row] for row in self._alt_tried]
-            hit = path[n] if n < len(path) else 0  # 0: no alternative held the target's token
-            for rank in range(1, branching[n]):
+            hit = w.ranks[n] if n < len(w.ranks) else 0  # 0: no alternative held the target's token
+            for rank in range(1, min(w.offered[n], MAX_BRANCHING)):
                 self._alt_tried[n][rank] += 1
                 if rank == hit:
                     self._alt_hit[n][rank] += 1

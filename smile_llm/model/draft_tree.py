@@ -39,10 +39,13 @@ def tree_nodes(branching: tuple[int, ...]) -> int:
 class DraftTree:
     """One round's drafts for B rows as trees of m nodes each: ``tokens`` int64 ``[B, m]`` (node i + 1 of row b is
     ``tokens[b, i]``) and ``parents`` int64 ``[B, m]`` (node i + 1's parent: 0 for the root or an earlier node,
-    ``parents[b, i] <= i``). Rows may have different shapes of the same size."""
+    ``parents[b, i] <= i``). Rows may have different shapes of the same size. ``sizes`` (int64 ``[B]``, default m
+    each): row b's own nodes; the rest of its row is padding (copies acceptance never reaches, e.g. of its first
+    node), verified but not counted as drafts."""
 
     tokens: torch.Tensor
     parents: np.ndarray
+    sizes: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         b, m = self.tokens.shape if self.tokens.dim() == 2 else (0, 0)
@@ -52,6 +55,13 @@ class DraftTree:
         if m and ((self.parents < 0).any() or (self.parents > np.arange(m)).any()):
             raise ValueError(f"draft tree parents must name the root (0) or an earlier node, got "
                              f"{self.parents.tolist()}")
+        if self.sizes is not None and (np.shape(self.sizes) != (b,) or (np.asarray(self.sizes) < 1).any() or
+                                       (np.asarray(self.sizes) > m).any()):
+            raise ValueError(f"draft tree sizes must be one count in 1..{m} per row, got {self.sizes!r}")
+
+    def row_size(self, row: int) -> int:
+        """Row ``row``'s own nodes (the rest of its row is padding)."""
+        return self.size if self.sizes is None else int(self.sizes[row])
 
     @property
     def size(self) -> int:
@@ -67,12 +77,14 @@ class DraftTree:
             depth[:, i + 1] = depth[rows, self.parents[:, i]] + 1
         return depth
 
-    def depth_ranks(self, row: int, slots: tuple[int, ...]) -> tuple[int, ...]:
-        """For an accepted path of ``row`` (window slots, in depth order): each node's index among the row's nodes of
-        its depth, in slot order. In ``chain_with_alternatives`` (and the n-gram drafter's tries) the first node at
-        each depth is the drafter's own chain: rank 0 is its draft, rank r its r-th alternative."""
-        depth = self.depths()[row]
-        return tuple(int((depth[1:slot] == depth[slot]).sum()) for slot in slots)
+    def walk(self, row: int, slots: tuple[int, ...]) -> TreeWalk:
+        """What acceptance's walk along ``slots`` (row ``row``'s accepted path, in depth order) chose from at each
+        node (``TreeWalk``)."""
+        children = [list(c.values()) for c in self.children(row)]  # slot order: the drafter's own first
+        path = [0, *slots]
+        ranks = tuple(children[p].index(s) for p, s in zip(path, slots))
+        offered = tuple(len(children[p]) for p in path if children[p])
+        return TreeWalk(ranks, offered[: len(slots) + 1], self.size)
 
     def ancestry(self) -> np.ndarray:
         """bool ``[B, m + 1, m + 1]``: slot i sees slot j (j is i or one of its ancestors)."""
@@ -125,6 +137,20 @@ class DraftTree:
                     parents.append(np.full(bsz, prev))
             prev = node
         return cls(torch.stack(tokens, dim=1).to(torch.int64), np.stack(parents, axis=1).astype(np.int64))
+
+
+@dataclass(frozen=True)
+class TreeWalk:
+    """A row's tree round as a draft policy sees it (``DraftTree.walk``). At each node of the accepted path, from the
+    root: ``offered[d]`` children to choose from, in slot order (in ``chain_with_alternatives`` and the n-gram
+    tries the first is the drafter's own continuation, the others its alternatives), and where the walk went on,
+    ``ranks[d]``, the index of the child taken (0: the drafter's own). ``offered`` has one entry more than ``ranks``
+    when the walk stopped at a node that had children (none of them the target's token). ``nodes``: the verify
+    window's drafts (the round's tree size)."""
+
+    ranks: tuple[int, ...]
+    offered: tuple[int, ...]
+    nodes: int
 
 
 def window_mask(tree: DraftTree, start: np.ndarray) -> torch.Tensor:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .. import env
-from ..attention.backend import AttentionBackend, select_backend
+from ..attention.backend import BACKEND_NAMES, AttentionBackend, select_backend
 from ..cache import KvCacheLayout, KvCachePool, StatePool
 from ..cache.tokens import as_int_array
 from ..distributed.group import TensorParallel, init_tensor_parallel
@@ -28,6 +28,7 @@ from ..distributed.lockstep import Leader, follow
 from .config import MAX_SPECULATIVE_TOKENS, ModelConfig
 from .config_hybrid import FULL_ATTENTION
 from .decoder import Decoder
+from .draft_chain import DraftChain
 from .draft_policy import DraftPolicy
 from .drafters import Drafter, build_drafter
 from .request import GenerationCancelled, Request, RequestHandle, SamplingParams
@@ -196,12 +197,19 @@ class LanguageModel:
         if not self.is_follower:
             raise RuntimeError("follow() runs on ranks > 0 of a tensor-parallel model; rank 0 generates")
         transformer, backend = self.transformer, self.backend
-        chain_backend = select_backend(self.pool.device, prefer=backend.name)  # a draft chain's own (DraftChain)
+        chain_backends: list[AttentionBackend] = []  # the draft chains' own (DraftChain), made at the first chain
+
+        def begin_chain(pool: KvCachePool, start: np.ndarray, steps: int) -> DraftChain:
+            if not chain_backends:
+                chain_backends.append(select_backend(pool.device, prefer=backend.name if backend.name in BACKEND_NAMES
+                                                     else None))
+            return transformer.draft_chain(pool, chain_backends[0], start, steps)
+
         try:
             return follow(self.tp, self._tp_pools(),
                           lambda pool, t, s, c, k: transformer.forward(t, s, pool, backend, c, k),
                           lambda pool, t, h, s, c: transformer.draft(t, h, s, pool, backend, c),
-                          lambda pool, s, n: transformer.draft_chain(pool, chain_backend, s, n), self.pool.device)
+                          begin_chain, self.pool.device)
         finally:
             self._close_pools()
 

@@ -19,7 +19,7 @@ import torch
 
 from .logits_processing import TokenHistory, apply_rows
 from .choice import choose_next
-from .draft_tree import tree_nodes
+from .draft_tree import MAX_TREE_NODES, tree_nodes
 from .sampling import PositionalRng, logprob_entries, top_logprobs
 from .tokenizer import StreamDecoder
 
@@ -165,8 +165,11 @@ class Sequence:
         return len(tree) <= self.draft_budget() and self.last_pos + 1 + tree_nodes(tree) <= self.capacity
 
     def round_span(self) -> int:
-        """Positions after ``last_pos`` the next round may write: the tree's nodes, or its drafts."""
+        """Positions after ``last_pos`` the next round may write: the tree's nodes, or its drafts; for a row whose
+        draft policy may choose a tree, the most nodes a tree may have."""
         depth = min(self.speculative_tokens, max(0, self.remaining - 1))
+        if self.adaptive and self.tree_rounds and depth:
+            return MAX_TREE_NODES
         if self.draft_tree is not None and depth == len(self.draft_tree):
             return tree_nodes(self.draft_tree)
         return depth

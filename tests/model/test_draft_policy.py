@@ -11,7 +11,7 @@ import torch
 
 from smile_llm.model import LanguageModel
 from smile_llm.model.draft_policy import DraftPolicy, RunningFit, ThroughputPolicy
-from smile_llm.model.draft_tree import MAX_TREE_NODES, DraftTree
+from smile_llm.model.draft_tree import MAX_TREE_NODES, DraftTree, TreeWalk
 
 from .conftest import assert_clean
 
@@ -149,15 +149,20 @@ def test_a_policy_that_raises_or_chooses_badly_costs_only_its_choice(lm) -> None
 
 
 # ---------------------------------------------------------------------------------------------- tree shapes
-def test_depth_ranks_name_each_accepted_node_within_its_depth() -> None:
-    # shape (3, 2, 2): depth 1 is slots 1..3, depth 2 slots 4..5, depth 3 slots 6..7
+def test_a_walk_names_what_each_node_offered_and_which_child_was_taken() -> None:
+    # shape (3, 2, 2): the root's children are slots 1..3, the chain node 1's are 4..5, node 4's are 6..7
     tree = DraftTree.chain_with_alternatives(torch.tensor([[5, 6, 7]]), torch.zeros(1, 3, 10), (3, 2, 2))
-    assert tree.depth_ranks(0, (1, 4, 7)) == (0, 0, 1)
-    assert tree.depth_ranks(0, (3,)) == (2,)
-    assert tree.depth_ranks(0, ()) == ()
-    # a trie: the chain 1-2-3 first, then a branch under node 1 (slot 4, depth 2) and one under the root (slot 5)
-    trie = DraftTree(torch.tensor([[1, 2, 3, 4, 5]]), np.array([[0, 1, 2, 1, 0]]))
-    assert trie.depth_ranks(0, (1, 4)) == (0, 1) and trie.depth_ranks(0, (5,)) == (1,)
+    assert tree.walk(0, (1, 4, 7)) == TreeWalk((0, 0, 1), (3, 2, 2), 7)  # the whole depth: nothing more offered
+    assert tree.walk(0, (3,)) == TreeWalk((2,), (3,), 7)  # an alternative is a leaf
+    assert tree.walk(0, (1,)) == TreeWalk((0,), (3, 2), 7)  # stopped at node 1, whose 2 children were both wrong
+    assert tree.walk(0, ()) == TreeWalk((), (3,), 7)
+    # a trie: the chain 1-2-3, a branch under node 1 (slot 4) and one under the root (slot 5); a padding copy of
+    # node 1 (slot 6) is never a child of its own
+    trie = DraftTree(torch.tensor([[1, 2, 3, 4, 5, 1]]), np.array([[0, 1, 2, 1, 0, 0]]), np.array([5]))
+    assert trie.walk(0, (1, 4)) == TreeWalk((0, 1), (2, 2), 6) and trie.walk(0, (5,)) == TreeWalk((1,), (2,), 6)
+    assert trie.row_size(0) == 5
+    with pytest.raises(ValueError, match="sizes"):
+        DraftTree(torch.tensor([[1, 2]]), np.array([[0, 1]]), np.array([3]))
 
 
 def test_throughput_policy_grows_trees_where_drafts_are_rejected_and_rescued() -> None:
@@ -169,8 +174,9 @@ def test_throughput_policy_grows_trees_where_drafts_are_rejected_and_rescued() -
     for i in range(40):
         weak.observe_plain([tree_row], 0.010)
         kept_first = i % 10 < 3
-        ranks = (0, 1) if kept_first else (1,)  # the chain's first draft, else its first alternative
-        weak.observe_tree([tree_row], (2, 2), [ranks], 0.004, 0.010 + 0.001 * 5)
+        # the chain's first draft then the second's alternative, else the first's alternative
+        walk = TreeWalk((0, 1), (2, 2), 4) if kept_first else TreeWalk((1,), (2,), 4)
+        weak.observe_tree([tree_row], (2, 2), [walk], 0.004, 0.010 + 0.001 * 5)
     assert weak.acceptances(tree_row)[0] == pytest.approx(0.3, abs=0.1)
     assert weak.rescue(0, 1) > 0.85 and weak.rescue(1, 1) > 0.5  # (decayed counts, shrunk towards the prior)
     assert weak.rescue(0, 2) == pytest.approx(weak.prior_rescue * 0.6)  # never offered: the prior
@@ -195,9 +201,10 @@ class FixedTree(Schedule):
     def choose(self, seq, budget: int):
         return (3, 2, 2) if budget >= 3 else min(budget, 1)
 
-    def observe_tree(self, seqs, branching, ranks, draft_s, verify_s) -> None:
-        assert draft_s >= 0 and verify_s > 0 and len(ranks) == len(seqs) == 1
-        self.trees.append((branching, ranks[0]))
+    def observe_tree(self, seqs, branching, walks, draft_s, verify_s) -> None:
+        assert draft_s >= 0 and verify_s > 0 and len(walks) == len(seqs) == 1
+        assert walks[0].nodes == 7 and walks[0].offered[0] == 3
+        self.trees.append((branching, walks[0].ranks))
 
 
 def test_a_policy_may_choose_token_trees(lm) -> None:

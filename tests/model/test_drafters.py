@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from smile_llm.model import Completion, LanguageModel
 from smile_llm.model.config import MAX_SPECULATIVE_TOKENS
+from smile_llm.model.draft_tree import TreeWalk
 from smile_llm.model.drafters import Drafter, MtpHistoryDrafter, NgramDrafter, find_ngram_match
 from smile_llm.model.sequence import Sequence
 from smile_llm.model.speculative import RoundRecord
@@ -440,12 +441,15 @@ def test_ngram_tree_is_the_trie_of_every_occurrence() -> None:
     tree = drafter.propose_tree([varied], (2, 2, 2))
     assert tree.tokens.tolist() == [[5, 6, 1, 3, 4, 1]] and tree.parents.tolist() == [[0, 1, 2, 0, 4, 5]]
     assert tree.tokens[0, :3].tolist() == linear[0].tolist()
+    # what a draft policy hears of a walk through the older branch: the root offered 2 children, X was the second
+    assert tree.walk(0, (4, 5)) == TreeWalk((1, 0), (2, 1, 1), 6)
     capped = drafter.propose_tree([varied], (2, 1, 1))  # depth 2 is full after the chain: X alone
     assert capped.tokens.tolist() == [[5, 6, 1, 3]] and capped.parents.tolist() == [[0, 1, 2, 0]]
     batch = drafter.propose_tree([single, varied], (2, 2, 2))
     assert batch.tokens.tolist() == [[8, 9, 1, 8, 8, 8], [5, 6, 1, 3, 4, 1]]
     assert batch.parents.tolist() == [[0, 1, 2, 0, 0, 0], [0, 1, 2, 0, 4, 5]]
     assert batch.children(0)[0] == {8: 1}  # the padding is never a child acceptance can reach
+    assert batch.sizes.tolist() == [3, 6] and batch.row_size(0) == 3
 
 
 VARIED = "self.alpha = alpha\nself.beta = beta\nself.gamma = gamma\nself.delta = delta\nself."
@@ -460,7 +464,7 @@ def test_ngram_trees_are_lossless(plain, plain_lm):
         got = lm.generate(prompt, NEW, draft_tree=(3, 2, 2, 1), on_round=records.append)
         assert got.tokens == plain(prompt).tokens
         trees = [r for r in records if r.parents is not None]  # (near the limit a round drafts a chain)
-        assert trees and all(4 <= r.k <= 8 for r in trees)
+        assert trees and all(4 <= r.k == len(r.drafts) == len(r.parents) <= 8 for r in trees)
         if prompt == VARIED:
             assert any(r.k > 4 for r in trees), "the variations never branched"
         assert_lm_clean(lm)

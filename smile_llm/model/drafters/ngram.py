@@ -163,7 +163,7 @@ class NgramDrafter:
         suffix, the most recent first (its continuation, the linear draft, is the chain: slots 1..k), each
         ``len(branching)`` tokens long, with at most ``branching[j]`` nodes at depth j (a continuation stops where
         its depth is full). Rows with fewer nodes than the largest are padded with copies of their first node, which
-        acceptance never reaches (the first child holding a token wins)."""
+        acceptance never reaches (the first child holding a token wins); ``DraftTree.sizes`` counts each row's own."""
         k = len(branching)
         steps = np.arange(k)
         rows: list[tuple[list[int], list[int]]] = []
@@ -190,7 +190,7 @@ class NgramDrafter:
         m = max(len(t) for t, _ in rows)
         out_tokens = np.array([t + [t[0]] * (m - len(t)) for t, _ in rows], dtype=np.int64)
         out_parents = np.array([p + [0] * (m - len(p)) for _, p in rows], dtype=np.int64)
-        return DraftTree(torch.from_numpy(out_tokens), out_parents)
+        return DraftTree(torch.from_numpy(out_tokens), out_parents, np.array([len(t) for t, _ in rows]))
 
     def extend(self, seq: Sequence, hidden: torch.Tensor, start: int) -> None:
         pass
