@@ -35,13 +35,15 @@ class Mismatch:
 @dataclass(frozen=True)
 class LosslessCheck:
     """A configuration's verdict: ``kind`` "greedy" (``mismatches`` lists every differing output) or
-    "distribution" (``tests`` per prompt, ``p_value`` the corrected minimum)."""
+    "distribution" (``tests`` per prompt, ``p_value`` the corrected minimum; with ``seeded``, also every timed
+    seeded output compared with plain decoding's of the same seed, ``mismatches`` where they differ)."""
 
     kind: str
     passed: bool
     mismatches: tuple[Mismatch, ...] = ()
     tests: tuple[ChiSquare, ...] = ()
     p_value: float | None = None
+    seeded: bool = False
 
     def describe(self) -> str:
         """One line for tables and logs."""
@@ -49,11 +51,14 @@ class LosslessCheck:
             if self.passed:
                 return "identical"
             return f"MISMATCH ({len(self.mismatches)} outputs differ)"
-        verdict = "same distribution" if self.passed else "DIFFERENT DISTRIBUTION"
-        return f"{verdict} (p = {self.p_value:.3g})"
+        if self.mismatches:
+            return f"MISMATCH ({len(self.mismatches)} seeded outputs differ; p = {self.p_value:.3g})"
+        verdict = "same distribution" if self.p_value is not None and self.p_value >= P_FAIL \
+            else "DIFFERENT DISTRIBUTION"
+        return f"{verdict} (p = {self.p_value:.3g})" + (", seeded outputs identical" if self.seeded else "")
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "passed": self.passed, "p_value": self.p_value,
+        return {"kind": self.kind, "passed": self.passed, "p_value": self.p_value, "seeded": self.seeded,
                 "mismatches": [m.__dict__ for m in self.mismatches],
                 "tests": [t._asdict() for t in self.tests]}
 
@@ -73,12 +78,16 @@ def greedy_check(mismatches: Sequence[Mismatch]) -> LosslessCheck:
 
 
 def distribution_check(plain: Sequence[Sequence[tuple[int, ...]]],
-                       speculative: Sequence[Sequence[tuple[int, ...]]]) -> LosslessCheck:
+                       speculative: Sequence[Sequence[tuple[int, ...]]],
+                       seeded: Sequence[Mismatch] | None = None) -> LosslessCheck:
     """The sampled verdict: per prompt i, a two-sample chi-square of the outcomes ``plain[i]`` against
     ``speculative[i]``; the p-value is the smallest, times the number of prompts (Bonferroni, at most 1); passed
-    when it is at least ``P_FAIL``."""
+    when it is at least ``P_FAIL`` and ``seeded`` is empty. ``seeded``: where whole seeded outputs differed from
+    plain decoding's with the same seed, for a configuration whose drafts are greedy (its tokens are plain
+    decoding's own draws, so every one must match); None when that does not hold (sampled drafts)."""
     if len(plain) != len(speculative) or not plain:
         raise ValueError("need one plain and one speculative sample per prompt, and at least one prompt")
     tests = tuple(two_sample_chi2(a, b) for a, b in zip(plain, speculative))
     p = min(1.0, min(t.p_value for t in tests) * len(tests))
-    return LosslessCheck("distribution", p >= P_FAIL, tests=tests, p_value=p)
+    return LosslessCheck("distribution", p >= P_FAIL and not seeded, tuple(seeded or ()), tests, p,
+                         seeded is not None)

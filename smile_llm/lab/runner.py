@@ -4,8 +4,9 @@ Order of work: load the workload and every model (bad input raises ``LabError`` 
 one warm-up call per configuration (which also validates its ``generate`` arguments); then ``repeats`` passes over
 the prompts, each prompt decoded plainly and then by every configuration of one drafter, drafter after drafter
 (plain runs interleaved with speculative ones, so drift in the machine's speed hits both); at temperature > 0 the
-distribution test last. The greedy check covers every repeat's outputs; the round trace, forwards and token
-counts come from the first repeat (later repeats decode the same tokens at temperature 0).
+distribution test last. The greedy check covers every repeat's outputs, and so does the seeded check at
+temperature > 0 for greedy drafts (plain and speculative runs of a prompt share a seed); the round trace, forwards
+and token counts come from the first repeat (later repeats decode the same tokens).
 """
 
 from __future__ import annotations
@@ -69,10 +70,17 @@ def _sample_outcomes(lm: LanguageModel, prompt: Prompt, config: LabConfig, seed:
     return outcomes
 
 
+def seeded_identity(c: Configuration) -> bool:
+    """Whether ``c``'s seeded outputs must equal plain decoding's with the same seed token for token at any
+    temperature: its drafts are greedy, so every token is the target's own draw with the positional uniform of its
+    position, the draw plain decoding makes (with sampled drafts, rejection sampling keeps only the distribution)."""
+    return c.generate_kwargs.get("draft_sampling", "greedy") != "sample"
+
+
 def _distribution_test(models: LabModels, results: list[ConfigResult], prompts: list[Prompt], config: LabConfig,
-                       say: Callable[[str], None]) -> None:
+                       mismatches: dict[str, list[Mismatch]], say: Callable[[str], None]) -> None:
     """Sets every result's ``check`` from the chi-square test against plain samples (prefix reuse on meanwhile:
-    sample groups share their prompt's KV through it)."""
+    sample groups share their prompt's KV through it) and, for greedy drafts, the timed seeded runs' mismatches."""
     chosen = prompts[: config.sample_prompts]
     models.set_prefix_reuse(True)
     try:
@@ -82,7 +90,7 @@ def _distribution_test(models: LabModels, results: list[ConfigResult], prompts: 
             seed = config.seed + 1_000_003 * (i + 1)  # seeds of no plain group
             spec = [_sample_outcomes(models.drafting[c.drafter], p, config, seed, c.speculative_tokens,
                                      c.generate_kwargs) for p in chosen]
-            r.check = distribution_check(plain, spec)
+            r.check = distribution_check(plain, spec, mismatches[c.label] if seeded_identity(c) else None)
             say(f"distribution test {c.label}: {r.check.describe()}")
     finally:
         models.set_prefix_reuse(config.prefix_reuse)
@@ -140,7 +148,7 @@ def run_lab(config: LabConfig, progress: Callable[[str], None] | None = None) ->
                         out, wall = _generate(models.drafting[drafter], prompt, new, config, seed,
                                               c.speculative_tokens, c.generate_kwargs, tally.add)
                         r.timings.add(prompt.id, wall, out.stats["decode_s"], timer.take()[0])
-                        if config.temperature == 0:
+                        if config.temperature == 0 or seeded_identity(c):
                             miss = first_mismatch(prompt.id, base.tokens, out.tokens)
                             if miss is not None:
                                 mismatches[c.label].append(miss)
@@ -155,7 +163,7 @@ def run_lab(config: LabConfig, progress: Callable[[str], None] | None = None) ->
             for r in results:
                 r.check = greedy_check(mismatches[r.configuration.label])
         else:
-            _distribution_test(models, results, prompts, config, say)
+            _distribution_test(models, results, prompts, config, mismatches, say)
         env = environment(models.plain, config)
     finally:
         models.close()

@@ -134,6 +134,44 @@ def test_the_lossless_check_catches_a_lossy_decoder(two_prompts: Path, tmp_path:
     assert json.loads((tmp_path / "results.json").read_text())["passed"] is False
 
 
+def test_sampled_runs_are_checked_token_for_token_and_by_distribution(two_prompts: Path) -> None:
+    """At temperature > 0 greedy drafts must reproduce plain decoding's seeded outputs token for token (every
+    timed run, whole outputs), and every configuration passes the chi-square test; sampled drafts get the
+    distribution test alone."""
+    extra = Configuration("mtp k=2 sampled drafts", "mtp", 2, {"draft_sampling": "sample"})
+    config = LabConfig(drafters=("mtp", "ngram"), ks=(2,), workload=str(two_prompts), new_tokens=24, repeats=1,
+                       temperature=0.8, samples=60, sample_prompts=1, sample_tokens=2, extra=(extra,))
+    result = run_lab(config)
+    assert result.passed
+    checks = {r.configuration.label: r.check for r in result.results}
+    for label in ("mtp k=2", "ngram k=2"):
+        assert checks[label].seeded and checks[label].describe().endswith(", seeded outputs identical"), label
+    sampled = checks["mtp k=2 sampled drafts"]
+    assert not sampled.seeded and sampled.describe().startswith("same distribution (p = ")
+    assert sampled.to_json()["seeded"] is False
+
+
+def test_a_lossy_decoder_fails_the_seeded_check(two_prompts: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    """The broken acceptance rule of the greedy test, at temperature 0.8: the seeded outputs differ, so the
+    configuration fails even when its first tokens' distribution looks right."""
+    import smile_llm.model.decoder as decoder
+
+    real = decoder.accept_greedy
+
+    def lossy(drafts, targets):
+        r = real(drafts, targets)
+        return AcceptResult(r.num_accepted, r.tokens[:-1] + ((r.tokens[-1] + 1) % 256,))
+
+    monkeypatch.setattr(decoder, "accept_greedy", lossy)
+    code = cli.main(["spec-lab", "--drafters", "mtp", "--k", "2", "--workload", str(two_prompts), "--new", "12",
+                     "--repeats", "1", "--temperature", "0.8", "--samples", "30", "--sample-prompts", "1",
+                     "--sample-tokens", "1", "--out", str(tmp_path)])
+    assert code == 1
+    md = (tmp_path / "results.md").read_text()
+    assert "MISMATCH (2 seeded outputs differ; p = " in md and "LOSSLESS CHECK FAILED" in md
+    capsys.readouterr()
+
+
 def test_chi2_survival_function_matches_textbook_values() -> None:
     assert chi2_sf(3.841458820694124, 1) == pytest.approx(0.05, rel=1e-9)  # the 95% quantile, 1 df
     assert chi2_sf(18.307038053275146, 10) == pytest.approx(0.05, rel=1e-9)
