@@ -111,10 +111,8 @@ def test_round_tally_counts_positions() -> None:
     assert tally.tokens_per_round == 2.5 and tally.acceptance_rate == 0.5
 
 
-def test_the_lossless_check_catches_a_lossy_decoder(two_prompts: Path, tmp_path: Path, monkeypatch,
-                                                    capsys) -> None:
-    """A broken acceptance rule (the bonus token off by one) makes speculative outputs differ from plain decoding:
-    the lab reports the mismatch in its results and the CLI exits 1."""
+def break_acceptance(monkeypatch) -> None:
+    """A broken acceptance rule for the decoder: the bonus token off by one."""
     import smile_llm.model.decoder as decoder
 
     real = decoder.accept_greedy
@@ -124,6 +122,13 @@ def test_the_lossless_check_catches_a_lossy_decoder(two_prompts: Path, tmp_path:
         return AcceptResult(r.num_accepted, r.tokens[:-1] + ((r.tokens[-1] + 1) % 256,))
 
     monkeypatch.setattr(decoder, "accept_greedy", lossy)
+
+
+def test_the_lossless_check_catches_a_lossy_decoder(two_prompts: Path, tmp_path: Path, monkeypatch,
+                                                    capsys) -> None:
+    """A broken acceptance rule (the bonus token off by one) makes speculative outputs differ from plain decoding:
+    the lab reports the mismatch in its results and the CLI exits 1."""
+    break_acceptance(monkeypatch)
     code = cli.main(["spec-lab", "--drafters", "mtp", "--k", "2", "--workload", str(two_prompts), "--new", "12",
                      "--repeats", "1", "--out", str(tmp_path)])
     err = capsys.readouterr().err
@@ -154,15 +159,7 @@ def test_sampled_runs_are_checked_token_for_token_and_by_distribution(two_prompt
 def test_a_lossy_decoder_fails_the_seeded_check(two_prompts: Path, tmp_path: Path, monkeypatch, capsys) -> None:
     """The broken acceptance rule of the greedy test, at temperature 0.8: the seeded outputs differ, so the
     configuration fails even when its first tokens' distribution looks right."""
-    import smile_llm.model.decoder as decoder
-
-    real = decoder.accept_greedy
-
-    def lossy(drafts, targets):
-        r = real(drafts, targets)
-        return AcceptResult(r.num_accepted, r.tokens[:-1] + ((r.tokens[-1] + 1) % 256,))
-
-    monkeypatch.setattr(decoder, "accept_greedy", lossy)
+    break_acceptance(monkeypatch)
     code = cli.main(["spec-lab", "--drafters", "mtp", "--k", "2", "--workload", str(two_prompts), "--new", "12",
                      "--repeats", "1", "--temperature", "0.8", "--samples", "30", "--sample-prompts", "1",
                      "--sample-tokens", "1", "--out", str(tmp_path)])
