@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """The draft-model drafter on the embedded default model: acceptance and wall-clock speedup over plain decoding.
 
-No smaller trained checkpoint of the default model's vocabulary is shipped, so the draft models are (1) the default
-model itself (``--self``): every draft is the target's own greedy token, an upper bound on acceptance at the
-target's own cost per draft, and (2) copies of its first N layers with its final norm and (tied) LM head
-(``--layers``), written into a temporary folder: real smaller models with the same tokenizer, never trained as
-such. For every prompt (slices of this Python's standard library sources, ``speculative.stdlib_prompts``), every
+The draft models are (1) the shipped 2-layer draft model (``DEFAULT_DRAFT_DIR``, trained like the default model on
+the same corpus; ``--no-shipped`` leaves it out), (2) the default model itself (``--no-self`` leaves it out): every
+draft is the target's own greedy token, an upper bound on acceptance at the target's own cost per draft, and (3)
+copies of its first N layers with its final norm and (tied) LM head (``--layers``), written into a temporary
+folder: smaller models with the same tokenizer, never trained as such. For every prompt (slices of this Python's standard library sources, ``speculative.stdlib_prompts``), every
 draft model and every k in ``--ks``, ``generate`` runs greedily with ``drafter="draft:DIR"`` and plain decoding
 (``speculative_tokens=0``) in the same process, interleaved, ``--repeats`` times; every speculative output is
 checked equal to the plain one token for token. Reported per draft model and k: tokens per round (accepted drafts +
@@ -58,23 +58,27 @@ def main() -> None:
     p.add_argument("--ks", default="2,3,4")
     p.add_argument("--layers", default="4,8", help="first-N-layer copies to draft with (empty: none)")
     p.add_argument("--no-self", action="store_true", help="leave out the default model drafting for itself")
+    p.add_argument("--no-shipped", action="store_true", help="leave out the shipped 2-layer draft model")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--prompt-bytes", type=int, default=300)
     p.add_argument("--new", type=int, default=200)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--quick", action="store_true", help="2 prompts, 60 tokens, 1 repeat, k = 3, the 8-layer copy")
+    p.add_argument("--quick", action="store_true",
+                   help="2 prompts, 60 tokens, 1 repeat, k = 3, the shipped draft model and the 8-layer copy")
     args = p.parse_args()
     if args.quick:
-        args.prompts, args.new, args.repeats, args.ks, args.layers = 2, 60, 1, "3", "8"
+        args.prompts, args.new, args.repeats, args.ks, args.layers, args.no_self = 2, 60, 1, "3", "8", True
     from smile_llm import LanguageModel
-    from smile_llm.model.language_model import DEFAULT_MODEL_DIR
+    from smile_llm.model.language_model import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR
 
     torch.set_num_threads(1)
     ks = [int(k) for k in args.ks.split(",")]
     prompts = stdlib_prompts(args.prompts, args.prompt_bytes)
     seq_len = args.prompt_bytes + args.new + 64
     work = Path(tempfile.mkdtemp(prefix="draft_model_bench_"))
-    drafts = {} if args.no_self else {"the default model itself (12 layers)": DEFAULT_MODEL_DIR}
+    drafts = {} if args.no_shipped else {"the shipped draft model (2 layers, trained)": DEFAULT_DRAFT_DIR}
+    if not args.no_self:
+        drafts["the default model itself (12 layers)"] = DEFAULT_MODEL_DIR
     for n in [int(x) for x in args.layers.split(",") if x]:
         drafts[f"its first {n} layers"] = first_layers_copy(DEFAULT_MODEL_DIR, n, work / f"first_{n}")
     plain_lm = LanguageModel.default(max_batch_size=1, max_seq_len=seq_len, drafter=None)

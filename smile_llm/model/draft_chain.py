@@ -1,4 +1,5 @@
-"""DraftChain: the chained single-token steps of one MTP draft round, planned once for the round.
+"""DraftChain: the chained single-token steps of one draft round, planned once for the round: an MTP head's
+(``step``) or a whole draft model's (``forward``).
 
 A round's first head step (``Transformer.draft``) writes the true history of every row into the MTP pool: positions
 ``[0, start_b)``. Steps 1..n-1 then each feed one drafted token at position ``start_b + j`` (column ``j``). Their K/V
@@ -36,7 +37,7 @@ from ..distributed.group import TensorParallel
 from .state_step import StateStep
 
 if TYPE_CHECKING:
-    from .transformer import DraftOutput, Transformer
+    from .transformer import DraftOutput, ForwardOutput, Transformer
 
 
 class DraftChain:
@@ -67,13 +68,12 @@ class DraftChain:
         self._scratch: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # layer -> chain K and V [B, Hkv, n, D]
 
     def step(self, tokens: torch.Tensor, hidden: torch.Tensor) -> DraftOutput:
-        """The next column: ``tokens`` int64 ``[B, 1]`` (the drafts of the previous step) and ``hidden`` ``[B, 1,
-        D]`` (the head's previous output). Returns the head's logits and output at this column. RuntimeError past
-        the last column."""
-        if self.column >= self.steps:
-            raise RuntimeError(f"this draft chain has {self.steps} steps, all run")
-        j = self.column
-        self.cos, self.sin = self._cos[:, j : j + 1], self._sin[:, j : j + 1]
+        """The next column of an MTP head's chain: ``tokens`` int64 ``[B, 1]`` (the drafts of the previous step)
+        and ``hidden`` ``[B, 1, D]`` (the head's previous output). Returns the head's logits and output at this
+        column. RuntimeError past the last column, or for a model without an MTP head."""
+        if self.transformer.mtp is None:
+            raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0): its chain runs forward()")
+        j = self._next_column()
         leader = self.transformer.leader
         if leader is None:
             out = self.transformer.draft_step(tokens, hidden, self)
@@ -82,6 +82,26 @@ class DraftChain:
                 out = self.transformer.draft_step(tokens, hidden, self)
         self.column += 1
         return out
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor) -> ForwardOutput:
+        """The next column of a whole draft model's chain (the pool is that model's): ``tokens`` int64 ``[B, 1]``.
+        Returns its logits ``[B, 1, V]`` and hidden state at this column. RuntimeError past the last column, or for
+        a model split over tensor-parallel ranks."""
+        if self.transformer.leader is not None:
+            raise RuntimeError("a draft model's chain runs on one rank")
+        self._next_column()
+        out = self.transformer.run(tokens, self)
+        self.column += 1
+        return out
+
+    def _next_column(self) -> int:
+        """The column about to run, with its RoPE tables in place. RuntimeError past the last."""
+        if self.column >= self.steps:
+            raise RuntimeError(f"this draft chain has {self.steps} steps, all run")
+        j = self.column
+        self.cos, self.sin = self._cos[:, j : j + 1], self._sin[:, j : j + 1]
+        return j
 
     # ------------------------------------------------------------------ LayerContext
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,7 @@ __all__ = ["Completion", "GenerationCancelled", "LanguageModel"]
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default"
 DEFAULT_MODEL_DIRS = {"dense": DEFAULT_MODEL_DIR, "hybrid": Path(__file__).parent / "default_hybrid"}
+DEFAULT_DRAFT_DIR = Path(__file__).parent / "default_draft"  # a 2-layer draft model for the dense default model
 
 
 class LanguageModel:

@@ -149,7 +149,7 @@ class Transformer(nn.Module):
         with self.leader.forward(pool, tokens, start, logit_cols, keep_states):  # the followers run it too
             return self.run(tokens, ctx, logit_cols)
 
-    def run(self, tokens: torch.Tensor, ctx: ForwardContext, logit_cols: np.ndarray | None = None) -> ForwardOutput:
+    def run(self, tokens: torch.Tensor, ctx: LayerContext, logit_cols: np.ndarray | None = None) -> ForwardOutput:
         """The forward over a prepared context (CUDA-graph runners capture this with static buffers); commits the
         context's KV write once every layer has run (a forward that raises records nothing). ``logit_cols`` as in
         ``forward``."""
@@ -192,12 +192,11 @@ class Transformer(nn.Module):
 
     def draft_chain(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray,
                     steps: int) -> DraftChain:
-        """The chained steps of a draft round whose first step (``draft``) left each active row's MTP history at
-        ``[0, start[b])``: ``DraftChain.step`` runs column j at position ``start[b] + j`` over that history and the
-        chain's earlier columns, planned once here (``draft_chain``). ``backend`` is the chain's own: no other
-        forward may plan it until the chain's last step. RuntimeError without an MTP head."""
-        if self.mtp is None:
-            raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0); it cannot draft")
+        """The chained steps of a draft round whose first step left each active row's history in ``pool`` at
+        ``[0, start[b])``: ``DraftChain.step`` (the MTP head; ``pool`` its MTP pool) or ``DraftChain.forward`` (this
+        whole model as a draft model; ``pool`` its own) runs column j at position ``start[b] + j`` over that history
+        and the chain's earlier columns, planned once here (``draft_chain``). ``backend`` is the chain's own: no
+        other forward may plan it until the chain's last step."""
         return DraftChain(self, pool, backend, start, steps)
 
     @torch.inference_mode()

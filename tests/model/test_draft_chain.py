@@ -1,6 +1,7 @@
 """DraftChain: a draft round's chained steps planned once, their K/V kept out of the pool. Every step must equal
-the same step run as a one-token forward through the MTP pool (``Transformer.draft``), on rows of different
-history lengths, for a dense and a hybrid (gated-attention) MTP head; the pool must be left exactly as it was."""
+the same step run as a one-token forward through the pool (``Transformer.draft`` for an MTP head, the model's
+forward for a draft model), on rows of different history lengths, for a dense and a hybrid (gated-attention) MTP
+head and a whole draft model; the pool must be left exactly as it was."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from smile_llm.attention.backend import select_backend
 from smile_llm.attention.flashinfer import flashinfer_available
 from smile_llm.cache import KvCachePool
-from smile_llm.model import LanguageModel, ModelConfig, Transformer
+from smile_llm.model import DEFAULT_DRAFT_DIR, LanguageModel, ModelConfig, Transformer
 
 from .mtp_models import build_mtp_model, load
 
@@ -87,6 +88,41 @@ def test_chain_steps_equal_one_token_forwards_through_the_pool(models, name: str
     assert [through_pool.kv_len(i) for i in pool_ids] == [n + STEPS for n in HISTORY]
 
 
+def model_history_pool(tr: Transformer, seed: int) -> tuple[KvCachePool, list[int]]:
+    """A pool of ``tr``'s own layers whose rows hold HISTORY positions of seeded random tokens (a draft model's
+    pool), written by plain forwards one row at a time; room for STEPS more positions per row."""
+    c = tr.config
+    pool = KvCachePool(c.num_hidden_layers, 128, c.num_key_value_heads, c.head_dim, 4)
+    pool.prefix_reuse_enabled = False
+    ids = [pool.bind_request([], n + STEPS) for n in HISTORY]
+    g = torch.Generator().manual_seed(seed)
+    for rid, n in zip(ids, HISTORY):
+        pool.activate_step(rid)
+        tr(torch.randint(0, c.vocab_size, (1, n), generator=g), np.array([0]), pool, select_backend("cpu"))
+    pool.activate_step(*ids)
+    return pool, ids
+
+
+def test_a_draft_models_chain_equals_one_token_forwards() -> None:
+    """``DraftChain.forward``: the shipped draft model's whole stack, chained over its pool's history, equals one-token
+    forwards through the pool (logits within 1e-5), and writes nothing."""
+    tr = LanguageModel.from_pretrained(DEFAULT_DRAFT_DIR, drafter=None).transformer
+    through_pool, _ = model_history_pool(tr, seed=3)
+    chained, chain_ids = model_history_pool(tr, seed=3)
+    start = np.array(HISTORY, dtype=np.int64)
+    chain = tr.draft_chain(chained, select_backend("cpu"), start, STEPS)
+    tokens = torch.tensor([[10], [20], [30]])
+    backend = select_backend("cpu")
+    for j in range(STEPS):
+        want = tr(tokens, start + j, through_pool, backend)
+        got = chain.forward(tokens)
+        assert got.logits.shape == want.logits.shape == (3, 1, tr.config.vocab_size)
+        assert (got.logits - want.logits).abs().max().item() < 1e-5, j
+        tokens = want.logits[:, -1].argmax(-1, keepdim=True)
+    assert [chained.kv_len(i) for i in chain_ids] == HISTORY
+    chained.check_invariants()
+
+
 def test_a_chain_needs_a_step_and_an_mtp_head(models) -> None:
     tr = models["qwen3"]
     backend = select_backend(torch.device("cpu"))
@@ -96,8 +132,9 @@ def test_a_chain_needs_a_step_and_an_mtp_head(models) -> None:
     head = tr.mtp
     try:
         tr.mtp = None
+        chain = tr.draft_chain(pool, backend, np.array(HISTORY), 2)
         with pytest.raises(RuntimeError, match="no MTP head"):
-            tr.draft_chain(pool, backend, np.array(HISTORY), 2)
+            chain.step(torch.zeros(3, 1, dtype=torch.int64), torch.zeros(3, 1, tr.config.hidden_size))
     finally:
         tr.mtp = head
 

@@ -305,3 +305,20 @@ def test_a_full_draft_pool_decodes_plainly(checkpoints, plain):
     assert c.tokens == plain(PROMPTS[2]) and c.stats["speculative_rounds"] > 0
     assert_pools_clean(lm, [PROMPTS[2] + c.tokens])
     lm.close()
+
+
+# ---------------------------------------------------------------------------------------------- the shipped draft
+def test_the_shipped_draft_model_drafts_for_the_default_model() -> None:
+    """``DEFAULT_DRAFT_DIR``: a trained 2-layer model of the default model's vocabulary. As its drafter the output is
+    plain decoding's, and on Python source most drafts are kept (its README: 0.91-0.99 at every position)."""
+    from smile_llm.model import DEFAULT_DRAFT_DIR
+
+    lm = LanguageModel.default(max_seq_len=512, drafter=f"draft:{DEFAULT_DRAFT_DIR}")
+    try:
+        assert isinstance(lm.drafter, DraftModelDrafter) and lm.drafter.transformer.config.num_hidden_layers == 2
+        prompt = "def read_lines(path, encoding='utf-8'):\n    \"\"\"Return the lines of the file.\"\"\"\n    "
+        out = lm.generate(prompt, 64, speculative_tokens=4)
+        assert out.tokens == lm.generate(prompt, 64, speculative_tokens=0).tokens
+        assert out.stats["accepted_drafts"] > 0.7 * out.stats["proposed_drafts"], out.stats
+    finally:
+        lm.close()

@@ -8,21 +8,21 @@ The draft model's KV follows the request's true tokens:
   wrote, several rows right-padded into one forward, and once the whole prompt is written caches it in the draft
   tree (``cache_prefix``), so a request admitted next matches it in both pools.
 - ``propose`` feeds each row's backlog, the positions from the end of its verified draft KV to ``last_pos``
-  (usually the last accepted draft and the bonus token; a whole run after plain steps), rows at different
-  positions right-padded into one forward whose last real column gives draft 0; drafts 1..n-1 follow one batched
-  step each, every row at its own position.
-- The drafts fed past ``last_pos`` stay written until the next call: those the target kept (equal to the request's
-  tokens at their positions) stay, the rest and any padding are sealed off with ``truncate_to`` before anything is
-  fed again. ``release`` inserts the verified positions only (``finish_request`` with the true tokens up to there),
-  so the draft tree never holds a rejected draft. A forward that raises advances nothing (``filled`` moves after
-  success only), so what ``release`` inserts is whole even then.
+  (the round's accepted drafts and the bonus token; a whole run after plain steps), rows at different positions
+  right-padded into one forward whose last real column gives draft 0; drafts 1..n-1 follow as one ``DraftChain``
+  over that KV, planned once, every row at its own position. The chain's K/V stay out of the pool, so the pool
+  only ever holds the request's true tokens: the next round's backlog feeds the drafts the target kept, several
+  positions in one forward.
+- Padding written by a padded forward is sealed off with ``truncate_to`` before anything is fed again. ``release``
+  inserts the verified positions only (``finish_request`` with the true tokens up to there), so the draft tree
+  never holds a rejected draft. A forward that raises advances nothing (``filled`` moves after success only), so
+  what ``release`` inserts is whole even then.
 
 A row's regions in the draft pool between two rounds (positions):
 
     [0, matched)               the draft tree's (shared, locked)
     [matched, filled)          private, computed from the request's true tokens
-    [filled, filled + fed)     private, the last round's drafts d_0..d_{n-2}: kept where the target kept them
-    [filled + fed, written_end) padding: sealed off at the next call, never inserted
+    [filled, written_end)      padding: sealed off at the next call, never inserted
 
 Drafts are proposals only: the target's acceptance rule decides, so at temperature 0 the output equals plain
 greedy decoding whatever the draft model is.
@@ -31,13 +31,14 @@ greedy decoding whatever the draft model is.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from ...attention.backend import BACKEND_NAMES, select_backend
 from ...cache import KvCacheExhaustedError
 from ...cache.layout import ceil_page
 from ..config import MAX_SPECULATIVE_TOKENS, ModelConfig
@@ -65,17 +66,7 @@ class DraftModelState:
     capacity: int
     filled: int
     written_end: int
-    fed: list[int] = field(default_factory=list)
     prompt_cached: bool = False
-
-    def kept(self, seq: Sequence) -> int:
-        """How many of ``fed`` equal ``seq``'s tokens at their positions (a leading run; positions past
-        ``last_pos`` are unknown, so not kept)."""
-        known = seq.tokens_between(self.filled, min(self.filled + len(self.fed), seq.last_pos + 1))
-        n = 0
-        while n < len(known) and known[n] == self.fed[n]:
-            n += 1
-        return n
 
 
 def check_vocabularies(draft_vocab: int, target_vocab: int) -> None:
@@ -102,6 +93,9 @@ class DraftModelDrafter:
                              "recurrent state; use a dense checkpoint")
         self.model = draft
         self.transformer, self.pool, self.backend = draft.transformer, draft.pool, draft.backend
+        # the draft chain's own backend: planned once per round for the history, so no other forward may replan it
+        name = draft.backend.name
+        self.chain_backend = select_backend(self.pool.device, prefer=name if name in BACKEND_NAMES else None)
         self.num_speculative_tokens = n
 
     @classmethod
@@ -157,7 +151,7 @@ class DraftModelDrafter:
         if st is None:
             return
         seq.history = None
-        self.pool.finish_request(st.request_id, seq.tokens_between(0, st.filled + st.kept(seq)))
+        self.pool.finish_request(st.request_id, seq.tokens_between(0, st.filled))
 
     def close(self) -> None:
         self.model.close()
@@ -212,9 +206,9 @@ class DraftModelDrafter:
 
     # ------------------------------------------------------------------ drafting
     def propose(self, seqs: list[Sequence], n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``n`` drafts for every (``ready``) row: keep the last round's drafts the target kept and seal off the
-        rest, feed each row's backlog up to ``last_pos`` (draft 0 from its last position), then one batched step
-        per further draft. Returns int64 ``[B, n]`` and the draft distributions for rows drafting by sampling."""
+        """``n`` drafts for every (``ready``) row: seal off any padding, feed each row's backlog up to
+        ``last_pos`` (draft 0 from its last position), then one chain step per further draft. Returns int64 ``[B,
+        n]`` and the draft distributions for rows drafting by sampling."""
         drafts, probs, _ = self._draft(seqs, n)
         return drafts, probs
 
@@ -244,28 +238,17 @@ class DraftModelDrafter:
         drafts, probs = draft_buffers(seqs, n, logits.shape[-1], self.pool.device)
         choose_drafts(seqs, logits, last + 1, 0, drafts, probs)
         depths = [logits]
-        if n > 1:
+        if n > 1:  # drafts 1..n-1: one chain over the rows' draft KV [0, last_pos], planned once (DraftChain)
             self.pool.activate_step(*[st.request_id for st in states])
-        for d in range(1, n):
-            start = last + d  # draft d-1 goes in at its own position; its logits give draft d
-            for st, s in zip(states, start):
-                st.written_end = max(st.written_end, int(s) + 1)
-            out = self.transformer(drafts[:, d - 1 : d], start, self.pool, self.backend)
-            depths.append(out.logits[:, -1])
-            choose_drafts(seqs, depths[-1], last + 1 + d, d, drafts, probs)
-        for st, row in zip(states, drafts[:, : n - 1].tolist()):
-            st.fed = row
+            chain = self.transformer.draft_chain(self.pool, self.chain_backend, last + 1, n - 1)
+            for d in range(1, n):  # draft d-1 goes in at its own position; its logits give draft d
+                depths.append(chain.forward(drafts[:, d - 1 : d]).logits[:, -1])
+                choose_drafts(seqs, depths[-1], last + 1 + d, d, drafts, probs)
         return drafts, probs, depths
 
     def _seal(self, seqs: list[Sequence], states: list[DraftModelState]) -> None:
-        """Keep the fed drafts the target kept (``filled`` moves past them) and seal off the rest and any padding
-        with one ``truncate_to`` over the rows that have some."""
-        rows = []
-        for seq, st in zip(seqs, states):
-            st.filled += st.kept(seq)
-            st.fed = []
-            if st.written_end > st.filled:
-                rows.append(st)
+        """Seal off any padding past ``filled`` with one ``truncate_to`` over the rows that have some."""
+        rows = [st for st in states if st.written_end > st.filled]
         if rows:
             self.pool.activate_step(*[st.request_id for st in rows])
             self.pool.truncate_to(np.array([st.filled for st in rows], dtype=np.int64),
