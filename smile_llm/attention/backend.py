@@ -57,6 +57,12 @@ def _reference_backend() -> AttentionBackend:
     return ReferenceBackend()  # device-agnostic: it runs wherever the tensors are
 
 
+def companion_backend(backend: AttentionBackend, device: str | torch.device) -> AttentionBackend:
+    """A second backend of ``backend``'s kind on ``device`` (``select_backend``'s choice for a kind it does not
+    name), for work that keeps a plan of its own while ``backend`` is planned again (a draft chain)."""
+    return select_backend(device, prefer=backend.name if backend.name in BACKEND_NAMES else None)
+
+
 def select_backend(device: str | torch.device, prefer: str | None = None) -> AttentionBackend:
     """The attention backend for ``device``: FlashInfer on CUDA when it imports, the reference everywhere else.
 

@@ -53,8 +53,7 @@ class LosslessCheck:
             return f"MISMATCH ({len(self.mismatches)} outputs differ)"
         if self.mismatches:
             return f"MISMATCH ({len(self.mismatches)} seeded outputs differ; p = {self.p_value:.3g})"
-        verdict = "same distribution" if self.p_value is not None and self.p_value >= P_FAIL \
-            else "DIFFERENT DISTRIBUTION"
+        verdict = "same distribution" if self.passed else "DIFFERENT DISTRIBUTION"
         return f"{verdict} (p = {self.p_value:.3g})" + (", seeded outputs identical" if self.seeded else "")
 
     def to_json(self) -> dict[str, Any]:

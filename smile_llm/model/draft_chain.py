@@ -1,10 +1,10 @@
 """DraftChain: the chained single-token steps of one draft round, planned once for the round: an MTP head's
 (``step``) or a whole draft model's (``forward``).
 
-A round's first head step (``Transformer.draft``) writes the true history of every row into the MTP pool: positions
-``[0, start_b)``. Steps 1..n-1 then each feed one drafted token at position ``start_b + j`` (column ``j``). Their K/V
-are speculation, sealed off again when the round ends, so they never enter the pool: each MTP layer keeps them in a
-dense float32 scratch ``[B, Hkv, n - 1, D]``. Attention at column j is two parts merged by log-sum-exp
+A round's first step writes the true history of every row into the drafter's pool (the MTP head's first step,
+``Transformer.draft``; a draft model's backlog feed): positions ``[0, start_b)``. Steps 1..n-1 then each feed one
+drafted token at position ``start_b + j`` (column ``j``). Their K/V are speculation, so they never enter the pool:
+each layer keeps them in a dense float32 scratch ``[B, Hkv, n - 1, D]``. Attention at column j is two parts merged by log-sum-exp
 (``attention.merge``):
 
 - the history: the backend over the pool's ``[0, start_b)``, planned once for the whole chain (the history does not
@@ -17,9 +17,9 @@ FlashInfer plan per round instead of one per step. The chain's K/V are not quant
 part attends in float32 (a draft, whose numerics never change what the verify window accepts).
 
 The chain plans its backend once, so the backend must be its own: a forward that planned it between two steps would
-leave the chain attending with that forward's plan (the MTP drafters keep a second backend for their chains). One
-chain serves one round on the driver thread. With tensor parallelism each step is sent to the followers, which
-build the same chain at column 0 (``Leader.chain_step``).
+leave the chain attending with that forward's plan (the MTP and draft-model drafters keep a second backend for their chains, ``companion_backend``). One
+chain serves one round on the driver thread. With tensor parallelism each MTP step is sent to the followers,
+which build the same chain at column 0 (``Leader.chain_step``); a draft model runs on one rank.
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ if TYPE_CHECKING:
 
 
 class DraftChain:
-    """Steps 1..``steps`` of an MTP draft round over the active rows of the MTP ``pool`` whose history ends at
-    ``start[b]`` (see the module docstring). ``step`` runs the next column; the chain is a ``LayerContext`` for the
-    head's layers while it runs."""
+    """Steps 1..``steps`` of a draft round over the active rows of ``pool`` (an MTP head's pool, or a draft model's
+    own) whose history ends at ``start[b]`` (see the module docstring). ``step`` (an MTP head) or ``forward`` (a
+    whole draft model) runs the next column; the chain is a ``LayerContext`` for the layers while it runs."""
 
-    states: StateStep | None = None  # the MTP head has full-attention layers only
+    states: StateStep | None = None  # full-attention layers only: an MTP head, a dense draft model
 
     def __init__(self, transformer: Transformer, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray,
                  steps: int) -> None:
@@ -122,7 +122,7 @@ class DraftChain:
         g = h // hkv  # query head kv_head * g + i reads KV head kv_head
         out_c, lse_c = dense_attention(q.reshape(b, hkv, g, d).float(), ks[:, :, : j + 1], vs[:, :, : j + 1],
                                        self._scale)
-        out = merge_by_lse(out_h.float().view(b, hkv, g, d), (lse_h.float() * LN2).view(b, hkv, g, 1), out_c,
+        out = merge_by_lse(out_h.float().reshape(b, hkv, g, d), (lse_h.float() * LN2).reshape(b, hkv, g, 1), out_c,
                            lse_c)
         return out.view(b, h, d).to(q.dtype)
 

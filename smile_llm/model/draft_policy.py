@@ -9,8 +9,9 @@ k drafts and, at depth j, its next ``b_j - 1`` most likely tokens as leaves). It
 the seconds the drafter's ``propose`` and the verify forward took), ``observe_plain(rows, seconds)`` after a plain
 step and, to a policy that chooses trees, ``observe_tree(seqs, branching, walks, draft_s, verify_s)`` after a tree
 round (``walks[i]``, a ``TreeWalk``: at each node of row i's accepted path, how many children it offered and which
-one was taken; 0 is the drafter's own continuation). Any object with the first three methods is a policy (``DraftPolicy``); one that returns tree
-shapes needs ``observe_tree`` too. Set it with ``LanguageModel.draft_policy``.
+one was taken; 0 is the drafter's own continuation). The policy hears of rows with ``speculative_tokens="auto"``
+only. Any object with the first three methods is a policy (``DraftPolicy``); one that returns tree shapes needs
+``observe_tree`` too. Set it with ``LanguageModel.draft_policy``.
 
 The built-in ``ThroughputPolicy`` maximises expected tokens per second. Per request it keeps running estimates of
 the chance that the draft at each position is kept given the ones before it were (so a round of k drafts adds
@@ -188,7 +189,7 @@ class ThroughputPolicy:
         plain, rounds = self.costs()
         best_choice: int | tuple[int, ...] = 0
         best = 1.0 / plain
-        trees = self.trees and bool(getattr(seq, "tree_rounds", False))
+        trees = self.trees and seq.tree_rounds
         for k in range(1, min(budget, len(rounds)) + 1):
             rate = self.expected_tokens(acceptances, k) / rounds[k - 1]
             if rate > best:
@@ -214,11 +215,11 @@ class ThroughputPolicy:
         self.draft.add(k, draft_s)
         self.verify.add(1 + max((w.nodes for w in walks), default=k), verify_s)
         d = self.decay
+        self._alt_hit = [[d * x for x in row] for row in self._alt_hit]
+        self._alt_tried = [[d * x for x in row] for row in self._alt_tried]
         for w, n in zip(walks, kept):
             if n >= min(k, len(w.offered)):
                 continue  # the whole chain kept, or nothing offered where it stopped
-            self._alt_hit = [[d * x for x in row] for row in self._alt_hit]
-            self._alt_tried = [[d * x for x in row] for row in self._alt_tried]
             hit = w.ranks[n] if n < len(w.ranks) else 0  # 0: no alternative held the target's token
             for rank in range(1, min(w.offered[n], MAX_BRANCHING)):
                 self._alt_tried[n][rank] += 1
@@ -234,12 +235,12 @@ class ThroughputPolicy:
     def _observe(self, seqs: list[Sequence], k: int, accepted: list[int]) -> None:
         """Each row's chain of ``k`` drafts kept its first ``accepted[i]``: the acceptance counts."""
         d = self.decay
+        self._model_kept = [d * x for x in self._model_kept]  # the model's counts: decayed once per round
+        self._model_reached = [d * x for x in self._model_reached]
         for seq, n in zip(seqs, accepted):
             kept, reached = self._seen.get(seq.request_id, ([0.0] * self.DEPTH, [0.0] * self.DEPTH))
             kept = [d * x for x in kept]
             reached = [d * x for x in reached]
-            self._model_kept = [d * x for x in self._model_kept]
-            self._model_reached = [d * x for x in self._model_reached]
             for j in range(min(n + 1, k)):  # positions 0..n reached (n kept, then the first rejected one)
                 reached[j] += 1
                 self._model_reached[j] += 1

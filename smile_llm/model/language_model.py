@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .. import env
-from ..attention.backend import BACKEND_NAMES, AttentionBackend, select_backend
+from ..attention.backend import AttentionBackend, companion_backend, select_backend
 from ..cache import KvCacheLayout, KvCachePool, StatePool
 from ..cache.tokens import as_int_array
 from ..distributed.group import TensorParallel, init_tensor_parallel
@@ -186,6 +186,13 @@ class LanguageModel:
             self.transformer.leader = Leader(tp, self._tp_pools(), check)
 
     @property
+    def tree_rounds(self) -> bool:
+        """Whether speculative rounds may be token trees: the drafter proposes them (``propose_tree``) and the
+        model verifies them (a dense model on one rank)."""
+        return callable(getattr(self.drafter, "propose_tree", None)) and not self.pool.state_pools and \
+            self.tp.size == 1
+
+    @property
     def is_follower(self) -> bool:
         """True on ranks > 0 of a tensor-parallel model: call ``follow()`` instead of generating."""
         return self.tp.size > 1 and not self.tp.is_leader
@@ -202,8 +209,7 @@ class LanguageModel:
 
         def begin_chain(pool: KvCachePool, start: np.ndarray, steps: int) -> DraftChain:
             if not chain_backends:
-                chain_backends.append(select_backend(pool.device, prefer=backend.name if backend.name in BACKEND_NAMES
-                                                     else None))
+                chain_backends.append(companion_backend(backend, pool.device))
             return transformer.draft_chain(pool, chain_backends[0], start, steps)
 
         try:

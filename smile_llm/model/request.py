@@ -273,8 +273,9 @@ class Request:
             drafter = model.drafter
             if drafter is None or not callable(getattr(drafter, "propose_tree", None)):
                 raise ValueError(f"draft_tree: this model's drafter ({type(drafter).__name__}) does not propose token "
-                                 f"trees (the MTP, n-gram and draft-model drafters do); drop draft_tree or load another drafter")
-            if model.pool.state_pools or model.tp.size > 1:
+                                 f"trees (the MTP, n-gram and draft-model drafters do); drop draft_tree or load "
+                                 f"another drafter")
+            if not model.tree_rounds:
                 raise ValueError("draft_tree: token trees need a dense model on one rank (no DeltaNet layers, no "
                                  "tensor parallelism)")
             if params.speculative_tokens is None:

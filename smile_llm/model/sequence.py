@@ -67,9 +67,7 @@ class Sequence:
         self.speculative_tokens, self.draft_sampling = request.speculative_tokens, p.draft_sampling
         self.draft_tree = p.draft_tree  # alternatives per depth of a token-tree round (None: linear drafts)
         self.adaptive = request.adaptive  # the model's draft policy chooses each round's drafts
-        # whether a round may be a token tree: the drafter proposes trees, the model verifies them (dense, one rank)
-        self.tree_rounds = callable(getattr(model.drafter, "propose_tree", None)) and not model.pool.state_pools \
-            and model.tp.size == 1
+        self.tree_rounds = model.tree_rounds  # whether a round may be a token tree
         self.history: Any = None  # the drafter's state for this request: set by its bind, cleared by its release
         self.tokens: list[int] = []
         self.logprobs: list[float] | None = [] if p.wants_logprobs else None

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from smile_llm.model import LanguageModel
+from smile_llm.model.request import SamplingParams
 from smile_llm.model.draft_policy import DraftPolicy, RunningFit, ThroughputPolicy
 from smile_llm.model.draft_tree import MAX_TREE_NODES, DraftTree, TreeWalk
 
@@ -239,3 +240,47 @@ def test_a_tree_for_a_row_that_cannot_take_one_costs_only_the_choice() -> None:
     assert out.tokens == hybrid.generate(CODE, 12, speculative_tokens=0).tokens
     assert out.stats["speculative_rounds"] <= 1  # only the 1-draft choices near the end
     hybrid.close()
+
+
+def test_the_models_acceptance_counts_decay_once_per_round() -> None:
+    """One round of two rows, one keeping its first draft and one not: the model-wide estimate a new request
+    starts from is (1 kept + prior) / (2 reached + prior weight), both rows counted alike."""
+    policy = ThroughputPolicy()
+    policy.observe_round([row(1), row(2)], 2, [2, 0], 0.002, 0.012)
+    w, prior = policy.prior_weight, policy.prior_acceptance
+    assert policy.acceptances(row(3))[0] == pytest.approx((1 + w * prior) / (2 + w), abs=1e-12)
+
+
+class Recording(Schedule):
+    """A schedule that records every row the decoder reports to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heard: list = []
+
+    def observe_round(self, seqs, k, accepted, draft_s, verify_s) -> None:
+        self.heard += seqs
+        super().observe_round(seqs, k, accepted, draft_s, verify_s)
+
+    def observe_plain(self, seqs, seconds) -> None:
+        self.heard += seqs
+        super().observe_plain(seqs, seconds)
+
+
+def test_the_policy_hears_of_its_own_rows_only(lm) -> None:
+    """An "auto" request batched with a fixed-k one: rounds of the same k verify together, but the policy is told
+    only of the "auto" row; both outputs stay plain decoding's."""
+    own = Recording()
+    before = lm.draft_policy
+    lm.draft_policy = own
+    try:
+        other = "import os\nimport sys\n\n\ndef main(argv):\n    "
+        auto = lm.submit(CODE, SamplingParams(40, speculative_tokens="auto"))
+        fixed = lm.submit(other, SamplingParams(40, speculative_tokens=2))
+        got = auto.result(), fixed.result()
+    finally:
+        lm.draft_policy = before
+    assert got[0].tokens == lm.generate(CODE, 40, speculative_tokens=0).tokens
+    assert got[1].tokens == lm.generate(other, 40, speculative_tokens=0).tokens
+    assert own.rounds and all(s.adaptive for s in own.heard)
+    assert_clean(lm.pool)

@@ -188,6 +188,7 @@ class LinearOnly:
 def test_a_drafter_without_trees_refuses_them() -> None:
     lm = LanguageModel.default(max_seq_len=256, drafter=LinearOnly())
     try:
+        assert not lm.tree_rounds  # and so no draft policy may choose a tree for its rows
         with pytest.raises(ValueError, match="draft_tree: this model's drafter \\(LinearOnly\\)"):
             lm.generate("import os\n", 4, draft_tree=(2,))
         assert_clean(lm.pool)

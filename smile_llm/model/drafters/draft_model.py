@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ...attention.backend import BACKEND_NAMES, select_backend
+from ...attention.backend import companion_backend
 from ...cache import KvCacheExhaustedError
 from ...cache.layout import ceil_page
 from ..config import MAX_SPECULATIVE_TOKENS, ModelConfig
@@ -94,8 +94,7 @@ class DraftModelDrafter:
         self.model = draft
         self.transformer, self.pool, self.backend = draft.transformer, draft.pool, draft.backend
         # the draft chain's own backend: planned once per round for the history, so no other forward may replan it
-        name = draft.backend.name
-        self.chain_backend = select_backend(self.pool.device, prefer=name if name in BACKEND_NAMES else None)
+        self.chain_backend = companion_backend(draft.backend, self.pool.device)
         self.num_speculative_tokens = n
 
     @classmethod
@@ -157,12 +156,13 @@ class DraftModelDrafter:
         self.model.close()
 
     def ready(self, seq: Sequence) -> bool:
-        """True when ``seq`` is bound and its draft row has room for a round of ``seq.speculative_tokens`` drafts
-        (grown on demand; False for this step when the draft pool is short)."""
+        """True when ``seq`` is bound and its draft row has room for its backlog up to ``last_pos`` (the chain of
+        later drafts writes nothing in the pool; grown on demand; False for this step when the draft pool is
+        short)."""
         st = self.state(seq)
         if st is None:
             return False
-        need = min(st.final_len, seq.last_pos + 1 + seq.speculative_tokens)
+        need = min(st.final_len, seq.last_pos + 1)
         if need <= st.capacity:
             return True
         try:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...attention.backend import BACKEND_NAMES, AttentionBackend, select_backend
+from ...attention.backend import AttentionBackend, companion_backend
 from ...cache import KvCachePool
 from ..config import MAX_SPECULATIVE_TOKENS
 from ..draft_tree import DraftTree
@@ -61,8 +61,7 @@ class MtpDrafterBase:
             raise ValueError(f"{type(self).__name__} needs a model with an MTP head")
         self.transformer, self.pool, self.backend = transformer, pool, backend
         # The draft chain's own backend: planned once per round for the history, so no other forward may replan it
-        self.chain_backend = select_backend(pool.device, prefer=backend.name if backend.name in BACKEND_NAMES
-                                            else None)
+        self.chain_backend = companion_backend(backend, pool.device)
         self.num_speculative_tokens = min(transformer.config.num_speculative_tokens or 3, MAX_SPECULATIVE_TOKENS)
 
     @staticmethod

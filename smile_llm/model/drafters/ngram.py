@@ -18,7 +18,7 @@ a suffix that occurred once gives the chain alone, a smaller tree than the shape
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -79,13 +79,14 @@ def find_ngram_matches(tokens: np.ndarray, min_n: int, max_n: int, limit: int) -
 
 @dataclass
 class NgramState:
-    """One request's tokens in a growing buffer (``tokens[:length]`` = prompt + output so far) and the match for
-    the length it was last searched at."""
+    """One request's tokens in a growing buffer (``tokens[:length]`` = prompt + output so far) and the matches
+    (``find_ngram_matches``, up to ``MAX_OCCURRENCES``, the most recent first) for the length it was last searched
+    at."""
 
     tokens: np.ndarray  # int64[final_len]
     length: int = 0
     searched_at: int = -1
-    match: tuple[int, int] | None = None
+    matches: list[tuple[int, int]] = field(default_factory=list)
 
 
 class NgramDrafter:
@@ -129,21 +130,22 @@ class NgramDrafter:
     def max_batch(self, n: int) -> int:
         return 1 << 30
 
-    def _match(self, seq: Sequence, st: NgramState) -> tuple[int, int] | None:
-        """The match for ``seq``'s current tokens (searched once per length)."""
+    def _matches(self, seq: Sequence, st: NgramState) -> list[tuple[int, int]]:
+        """The matches for ``seq``'s current tokens, the most recent first (searched once per length; empty when
+        none)."""
         total = len(seq.prompt) + len(seq.tokens)
         if st.length < total:
             st.tokens[st.length : total] = seq.tokens[st.length - len(seq.prompt) :]
             st.length = total
         if st.searched_at != total:
-            st.match = find_ngram_match(st.tokens[:total], self.min_n, self.max_n)
+            st.matches = find_ngram_matches(st.tokens[:total], self.min_n, self.max_n, MAX_OCCURRENCES)
             st.searched_at = total
-        return st.match
+        return st.matches
 
     def ready(self, seq: Sequence) -> bool:
         """True when ``seq`` is bound and a suffix of at least ``min_n`` tokens occurred earlier."""
         st = self.state(seq)
-        return st is not None and self._match(seq, st) is not None
+        return st is not None and bool(self._matches(seq, st))
 
     def propose(self, seqs: list[Sequence], n: int) -> tuple[torch.Tensor, None]:
         """``n`` copied drafts per (``ready``) row: int64 ``[B, n]`` on the CPU, no distributions."""
@@ -152,9 +154,9 @@ class NgramDrafter:
         for b, seq in enumerate(seqs):
             st = self.state(seq)
             assert st is not None
-            match = self._match(seq, st)
-            assert match is not None, "propose needs ready rows"
-            start, period = match
+            matches = self._matches(seq, st)
+            assert matches, "propose needs ready rows"
+            start, period = matches[0]
             out[b] = st.tokens[start + steps % period]
         return torch.from_numpy(out), None
 
@@ -169,12 +171,11 @@ class NgramDrafter:
         rows: list[tuple[list[int], list[int]]] = []
         for seq in seqs:
             st = self.state(seq)
-            assert st is not None and self._match(seq, st) is not None, "propose_tree needs ready rows"
+            assert st is not None, "propose_tree needs ready rows"
             tokens, parents = [], []
             child: dict[tuple[int, int], int] = {}  # (parent slot, token) -> slot
             depth_nodes = [0] * k
-            for start, period in find_ngram_matches(st.tokens[: st.length], self.min_n, self.max_n,
-                                                    MAX_OCCURRENCES):
+            for start, period in self._matches(seq, st):
                 parent = 0
                 for j, token in enumerate(st.tokens[start + steps % period].tolist()):
                     slot = child.get((parent, token))
