@@ -4,15 +4,20 @@ Qwen3-Next families, with an MTP head). The hybrid keys are read by ``config_hyb
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from .config_fields import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN_SIZE, MAX_INTERMEDIATE_SIZE, MAX_LAYERS,
+                            MAX_POSITIONS, MAX_VOCAB_SIZE, Fields)
 from .config_hybrid import (FULL_ATTENTION, HYBRID_FAMILIES, LINEAR_ATTENTION, LinearAttentionConfig, MoeConfig,
                             read_hybrid_fields, unwrap_text_config)
+from .errors import ConfigError
 
 FAMILIES = ("llama", "qwen2", "qwen3", *HYBRID_FAMILIES)
 MAX_SPECULATIVE_TOKENS = 7  # Smile's block of 8: drafts + 1 bonus token
+MAX_CONFIG_BYTES = 16 << 20  # a config.json larger than this is refused before it is parsed
 
 
 @dataclass(frozen=True)
@@ -79,41 +84,65 @@ class ModelConfig:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModelConfig:
-        """Read ``path/config.json`` (or ``path`` itself when it is the file)."""
+        """Read ``path/config.json`` (or ``path`` itself when it is the file). FileNotFoundError when it is absent;
+        ``ConfigError`` naming the file and the field when it is not a JSON object or a field is wrong (see
+        ``from_dict``)."""
         p = Path(path)
         p = p / "config.json" if p.is_dir() else p
         if not p.is_file():
             raise FileNotFoundError(f"no config.json at {p}; pass a Hugging Face model folder")
-        return cls.from_dict(json.loads(p.read_text()))
+        size = p.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"is {size} bytes; a config.json has at most {MAX_CONFIG_BYTES}", path=p)
+        try:
+            raw = json.loads(p.read_bytes())
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            raise ConfigError(f"is not valid JSON: {exc}", path=p) from None
+        try:
+            return cls.from_dict(raw)
+        except ConfigError as exc:
+            raise exc.in_file(p) from None
 
     @classmethod
-    def from_dict(cls, hf: dict[str, Any]) -> ModelConfig:
-        """Normalise an HF config dict. ValueError for an unsupported family or inconsistent head counts."""
-        hf, extra = unwrap_text_config(hf)
-        model_type = str(hf.get("model_type", "")).lower()
+    def from_dict(cls, hf: Mapping[str, Any]) -> ModelConfig:
+        """Normalise an HF config dict, checking every field it reads before anything is built from it: its type
+        (``config_fields.Fields``: integers are integers, bools are ``true``/``false``, numbers are finite), its
+        range (sizes positive and within the ``config_fields`` limits, token ids inside the vocabulary) and its
+        consistency with the other fields (the heads divide into KV groups, ``head_dim`` derivable and even,
+        ``rope_scaling`` complete for its type, the hybrid fields of ``config_hybrid``). ``ConfigError`` (a
+        ValueError) naming the field otherwise, and for an unsupported family."""
+        if not isinstance(hf, Mapping):
+            raise ConfigError(f"config.json must hold a JSON object, got {type(hf).__name__}")
+        text, extra = unwrap_text_config(hf)
+        f = Fields(text, "text_config." if text is not hf else "")
+        model_type = f.string("model_type", "").lower()
         if model_type not in FAMILIES:
-            raise ValueError(f"model_type {model_type!r} is not supported; use one of {FAMILIES}")
+            raise ConfigError(f"model_type {model_type!r} is not supported; use one of {FAMILIES}",
+                              field="model_type")
         model_type = "qwen3_5" if model_type == "qwen3_5_text" else model_type
         hybrid = model_type in HYBRID_FAMILIES
-        try:
-            hidden = int(hf["hidden_size"])
-            heads = int(hf["num_attention_heads"])
-            layers = int(hf["num_hidden_layers"])
-            vocab = int(hf["vocab_size"])
-            intermediate = int(hf["intermediate_size"])
-        except KeyError as exc:
-            raise ValueError(f"config.json lacks {exc.args[0]!r}") from None
-        kv_heads = int(hf.get("num_key_value_heads") or heads)
-        head_dim = int(hf.get("head_dim") or (256 if hybrid else hidden // heads))  # HF's hybrid default is 256
+        hidden = f.integer("hidden_size", low=1, high=MAX_HIDDEN_SIZE)
+        heads = f.integer("num_attention_heads", low=1, high=MAX_HEADS)
+        layers = f.integer("num_hidden_layers", low=1, high=MAX_LAYERS)
+        vocab = f.integer("vocab_size", low=1, high=MAX_VOCAB_SIZE)
+        intermediate = f.integer("intermediate_size", low=1, high=MAX_INTERMEDIATE_SIZE)
+        kv_heads = f.integer("num_key_value_heads", heads, low=1, high=MAX_HEADS)
         if heads % kv_heads:
-            raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
-        mtp_layers = int(hf.get("mtp_num_hidden_layers") or hf.get("num_nextn_predict_layers") or 0)
-        spec = (hf.get("speculative_config") or {}).get("num_speculative_tokens")
-        num_spec = 0 if mtp_layers == 0 else min(max(int(spec), 1), MAX_SPECULATIVE_TOKENS) if spec else 3
-        eos = hf.get("eos_token_id")
-        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos] if eos is not None else []))
+            raise f.error("num_key_value_heads", f"num_attention_heads {heads} is not a multiple of "
+                                                 f"num_key_value_heads {kv_heads}")
+        head_dim = _head_dim(f, hybrid, hidden, heads)
+        act = f.string("hidden_act", "silu")
+        if act != "silu":
+            raise f.error("hidden_act", f"hidden_act {act!r} is not supported for {model_type} (only 'silu')")
+        mtp_layers = (f.optional_integer("mtp_num_hidden_layers", high=MAX_LAYERS)
+                      or f.optional_integer("num_nextn_predict_layers", high=MAX_LAYERS) or 0)
+        speculative = f.mapping("speculative_config")
+        spec = None if speculative is None else speculative.optional_integer(
+            "num_speculative_tokens", low=-(1 << 31), high=1 << 31)
+        num_spec = 0 if mtp_layers == 0 else min(max(spec, 1), MAX_SPECULATIVE_TOKENS) if spec else 3
+        attention_bias = f.flag("attention_bias", False)
         if hybrid:
-            extra.update(read_hybrid_fields(hf, model_type, layers, head_dim))
+            extra.update(read_hybrid_fields(f, model_type, layers, head_dim))
         return cls(
             model_type=model_type,
             vocab_size=vocab,
@@ -123,17 +152,17 @@ class ModelConfig:
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
             intermediate_size=intermediate,
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
-            rope_scaling=_rope_scaling(hf.get("rope_scaling") or hf.get("rope_parameters")),
-            max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            rms_norm_eps=f.number("rms_norm_eps", 1e-6, above=0.0, at_most=1.0),
+            rope_theta=_rope_theta(f),
+            rope_scaling=_rope_scaling(f),
+            max_position_embeddings=f.integer("max_position_embeddings", 4096, low=1, high=MAX_POSITIONS),
+            tie_word_embeddings=f.flag("tie_word_embeddings", False),
+            attention_bias=model_type == "qwen2" or attention_bias,
             qk_norm=model_type == "qwen3" or hybrid,
             mtp_num_hidden_layers=mtp_layers,
             num_speculative_tokens=num_spec,
-            bos_token_id=None if hf.get("bos_token_id") is None else int(hf["bos_token_id"]),
-            eos_token_ids=eos_ids,
+            bos_token_id=f.optional_integer("bos_token_id", high=vocab - 1),
+            eos_token_ids=f.token_ids("eos_token_id", vocab),
             **extra,
         )
 
@@ -150,13 +179,54 @@ class ModelConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _rope_scaling(raw: Any) -> RopeScaling | None:
-    if not raw:
+def _head_dim(f: Fields, hybrid: bool, hidden: int, heads: int) -> int:
+    """``head_dim`` as given, else HF's default: 256 for the hybrid families, ``hidden_size / num_attention_heads``
+    for the dense ones (which must divide). A dense model's head_dim must be even (RoPE rotates pairs of dims)."""
+    if f.has("head_dim"):
+        head_dim = f.integer("head_dim", low=1, high=MAX_HEAD_DIM)
+    elif hybrid:
+        head_dim = 256
+    elif hidden % heads:
+        raise f.error("num_attention_heads", f"hidden_size {hidden} is not a multiple of num_attention_heads "
+                                             f"{heads}, and there is no head_dim to use instead")
+    else:
+        head_dim = hidden // heads
+    if not hybrid and head_dim % 2:
+        raise f.error("head_dim", f"head_dim {head_dim} must be even: RoPE rotates pairs of dimensions")
+    return head_dim
+
+
+def _rope_fields(f: Fields) -> Fields | None:
+    """The RoPE scaling object: ``rope_scaling`` when non-empty, else ``rope_parameters`` (transformers 5)."""
+    scaling = f.mapping("rope_scaling")
+    return scaling if scaling is not None and scaling.raw else f.mapping("rope_parameters")
+
+
+def _rope_theta(f: Fields) -> float:
+    """``rope_theta`` at the top level, else inside ``rope_parameters``, else 10000; a finite positive number."""
+    if f.has("rope_theta"):
+        return f.number("rope_theta", above=0.0)
+    params = f.mapping("rope_parameters")
+    return params.number("rope_theta", 10000.0, above=0.0) if params is not None else 10000.0
+
+
+def _rope_scaling(f: Fields) -> RopeScaling | None:
+    """Llama-3 scaling from the RoPE scaling object (``_rope_fields``): None for no type or ``"default"``; for
+    ``"llama3"`` a positive ``factor``, positive ``low_freq_factor`` < ``high_freq_factor`` and a positive
+    ``original_max_position_embeddings`` (both required). ConfigError naming the field for any other type."""
+    rope = _rope_fields(f)
+    if rope is None:
         return None
-    kind = raw.get("rope_type", raw.get("type"))
-    if kind in (None, "default"):
+    key = "rope_type" if rope.has("rope_type") else "type"
+    kind = rope.string(key, "default")
+    if kind == "default":
         return None
     if kind != "llama3":
-        raise ValueError(f"rope_scaling type {kind!r} is not supported (only 'llama3')")
-    return RopeScaling(float(raw["factor"]), float(raw.get("low_freq_factor", 1.0)),
-                       float(raw.get("high_freq_factor", 4.0)), int(raw["original_max_position_embeddings"]))
+        raise rope.error(key, f"{rope.name(key)} {kind!r} is not supported (only 'llama3')")
+    low = rope.number("low_freq_factor", 1.0, above=0.0)
+    high = rope.number("high_freq_factor", 4.0, above=0.0)
+    if not high > low:
+        raise rope.error("high_freq_factor", f"{rope.name('high_freq_factor')} {high:g} must be greater than "
+                                             f"{rope.name('low_freq_factor')} {low:g}")
+    return RopeScaling(rope.number("factor", above=0.0), low, high,
+                       rope.integer("original_max_position_embeddings", low=1, high=MAX_POSITIONS))

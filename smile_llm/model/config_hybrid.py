@@ -3,14 +3,19 @@
 These families interleave Gated DeltaNet layers ("linear_attention") with gated full-attention layers; Qwen3-Next
 adds a sparse MoE with a shared expert. ``read_hybrid_fields`` turns the HF keys into ``ModelConfig`` keyword
 arguments with the defaults of transformers' ``Qwen3_5TextConfig`` / ``Qwen3NextConfig`` (so a config that omits a
-key means what it means to HF), and raises ValueError naming the field for inconsistent input. ``unwrap_text_config``
+key means what it means to HF), and raises ``ConfigError`` (a ValueError) naming the field for a value of the wrong
+type, out of range or inconsistent with another. ``unwrap_text_config``
 reads the text model of a multimodal Qwen3.5 ``config.json``. The semantics are written up in ``docs/hybrid.md``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from .config_fields import (MAX_CONV_KERNEL, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_INTERMEDIATE_SIZE, MAX_LAYERS,
+                            Fields)
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
 LINEAR_ATTENTION = "linear_attention"
@@ -18,6 +23,7 @@ FULL_ATTENTION = "full_attention"
 LAYER_TYPES = (LINEAR_ATTENTION, FULL_ATTENTION)
 MULTIMODAL_TEXT_PREFIX = "model.language_model."  # the text model's tensors in a Qwen3_5ForConditionalGeneration
 VISION_PREFIX = "model.visual."
+STATE_DTYPES = ("float32", "bfloat16", "float16")  # mamba_ssm_dtype: the DeltaNet recurrent state's storage
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ class MoeConfig:
         return layer_idx not in self.mlp_only_layers and (layer_idx + 1) % self.decoder_sparse_step == 0
 
 
-def unwrap_text_config(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def unwrap_text_config(hf: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any]]:
     """A multimodal Qwen3.5 config (``model_type`` ``qwen3_5`` with a ``text_config``) -> (the text config, extra
     ``ModelConfig`` keywords: checkpoint prefixes and a note that the vision tower is ignored). Token ids and
     ``tie_word_embeddings`` fall back to the top level when the text config lacks them. Anything else -> (hf, {})."""
@@ -100,89 +106,85 @@ def unwrap_text_config(hf: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
     return text, extra
 
 
-def derive_layer_types(hf: dict[str, Any], num_layers: int) -> tuple[str, ...]:
+def derive_layer_types(f: Fields, num_layers: int) -> tuple[str, ...]:
     """``layer_types`` as given, else HF's derivation from ``full_attention_interval`` (default 4): layer i is full
-    attention when ``(i + 1) % interval == 0``. ValueError naming the field for an unknown type or a wrong length."""
-    raw = hf.get("layer_types")
-    if raw is None:
-        interval = int(hf.get("full_attention_interval", 4))
+    attention when ``(i + 1) % interval == 0``. ConfigError naming the field for an unknown type or a wrong length."""
+    given = f.str_list("layer_types", max_len=MAX_LAYERS)
+    if given is None:
+        interval = f.integer("full_attention_interval", 4, low=-(1 << 31), high=MAX_LAYERS)
         if interval < 1:
-            raise ValueError(f"full_attention_interval {interval} must be at least 1")
+            raise f.error("full_attention_interval", f"full_attention_interval {interval} must be at least 1")
         return tuple(FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(num_layers))
-    types = tuple(str(t) for t in raw)
-    for i, t in enumerate(types):
+    for i, t in enumerate(given):
         if t not in LAYER_TYPES:
-            raise ValueError(f"layer_types[{i}] is {t!r}: unknown layer type; use one of {LAYER_TYPES}")
-    if len(types) != num_layers:
-        raise ValueError(f"layer_types has {len(types)} entries but num_hidden_layers is {num_layers}")
-    return types
+            raise f.error("layer_types", f"layer_types[{i}] is {t!r}: unknown layer type; use one of {LAYER_TYPES}")
+    if len(given) != num_layers:
+        raise f.error("layer_types", f"layer_types has {len(given)} entries but num_hidden_layers is {num_layers}")
+    return given
 
 
-def read_hybrid_fields(hf: dict[str, Any], model_type: str, num_layers: int, head_dim: int) -> dict[str, Any]:
-    """The hybrid ``ModelConfig`` keywords of a ``qwen3_5``/``qwen3_next`` text config (see the module doc)."""
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    act = hf.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"hidden_act {act!r} is not supported for {model_type} (only 'silu')")
-    if hf.get("attn_output_gate", True) is False:
-        raise ValueError("attn_output_gate false is not supported: transformers' Qwen3.5/Qwen3-Next attention always "
-                         "gates (q_proj has 2 * num_attention_heads * head_dim rows)")
-    factor = float(hf.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25)))
+def read_hybrid_fields(f: Fields, model_type: str, num_layers: int, head_dim: int) -> dict[str, Any]:
+    """The hybrid ``ModelConfig`` keywords of a ``qwen3_5``/``qwen3_next`` text config (see the module doc); every
+    field typed and range-checked by ``Fields`` (ConfigError naming it)."""
+    rope = f.mapping("rope_parameters")
+    if rope is None or not rope.raw:
+        rope = f.mapping("rope_scaling") or Fields({}, "rope_parameters.")
+    if not f.flag("attn_output_gate", True):
+        raise f.error("attn_output_gate", "attn_output_gate false is not supported: transformers' Qwen3.5/Qwen3-Next "
+                                          "attention always gates (q_proj has 2 * num_attention_heads * head_dim rows)")
+    where = f if f.has("partial_rotary_factor") else rope
+    factor = where.number("partial_rotary_factor", 0.25, above=0.0, at_most=1.0)
     rotary_dim = int(head_dim * factor)
-    if not 0.0 < factor <= 1.0 or rotary_dim < 2 or rotary_dim % 2:
-        raise ValueError(f"partial_rotary_factor {factor} gives rotary dimension {rotary_dim} of head_dim "
-                         f"{head_dim}; it must be even and in [2, head_dim]")
-    section = rope.get("mrope_section")
-    mrope = None if section is None else tuple(int(s) for s in section)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise where.error("partial_rotary_factor", f"partial_rotary_factor {factor} gives rotary dimension "
+                                                   f"{rotary_dim} of head_dim {head_dim}; it must be even and in "
+                                                   f"[2, head_dim]")
+    mrope = rope.int_list("mrope_section", high=MAX_HEAD_DIM, max_len=8)
     if mrope is not None and sum(mrope) != rotary_dim // 2:
-        raise ValueError(f"mrope_section {list(mrope)} sums to {sum(mrope)} but the rotary dimension {rotary_dim} "
-                         f"has {rotary_dim // 2} frequencies")
+        raise rope.error("mrope_section", f"mrope_section {list(mrope)} sums to {sum(mrope)} but the rotary "
+                                          f"dimension {rotary_dim} has {rotary_dim // 2} frequencies")
     linear = LinearAttentionConfig(
-        num_key_heads=_positive(hf, "linear_num_key_heads", 16),
-        num_value_heads=_positive(hf, "linear_num_value_heads", 32),
-        key_head_dim=_positive(hf, "linear_key_head_dim", 128),
-        value_head_dim=_positive(hf, "linear_value_head_dim", 128),
-        conv_kernel_dim=_positive(hf, "linear_conv_kernel_dim", 4),
-        state_dtype=str(hf.get("mamba_ssm_dtype") or "float32"),
+        num_key_heads=f.integer("linear_num_key_heads", 16, low=1, high=MAX_HEADS),
+        num_value_heads=f.integer("linear_num_value_heads", 32, low=1, high=MAX_HEADS),
+        key_head_dim=f.integer("linear_key_head_dim", 128, low=1, high=MAX_HEAD_DIM),
+        value_head_dim=f.integer("linear_value_head_dim", 128, low=1, high=MAX_HEAD_DIM),
+        conv_kernel_dim=f.integer("linear_conv_kernel_dim", 4, low=2, high=MAX_CONV_KERNEL),
+        state_dtype=f.string("mamba_ssm_dtype", "float32", choices=STATE_DTYPES),
     )
     if linear.num_value_heads % linear.num_key_heads:
-        raise ValueError(f"linear_num_value_heads {linear.num_value_heads} is not a multiple of "
-                         f"linear_num_key_heads {linear.num_key_heads}")
+        raise f.error("linear_num_value_heads", f"linear_num_value_heads {linear.num_value_heads} is not a multiple "
+                                                f"of linear_num_key_heads {linear.num_key_heads}")
     return {
-        "layer_types": derive_layer_types(hf, num_layers),
+        "layer_types": derive_layer_types(f, num_layers),
         "linear_attention": linear,
-        "moe": _read_moe(hf, num_layers) if model_type == "qwen3_next" else None,
+        "moe": _read_moe(f, num_layers) if model_type == "qwen3_next" else None,
         "partial_rotary_factor": factor,
         "mrope_section": mrope,
-        "mrope_interleaved": bool(rope.get("mrope_interleaved", False)),
+        "mrope_interleaved": rope.flag("mrope_interleaved", False),
         "attn_output_gate": True,
         "zero_centered_norm": True,
     }
 
 
-def _read_moe(hf: dict[str, Any], num_layers: int) -> MoeConfig | None:
-    num_experts = int(hf.get("num_experts", 512))
+def _read_moe(f: Fields, num_layers: int) -> MoeConfig | None:
+    num_experts = f.integer("num_experts", 512, high=MAX_EXPERTS)
     if num_experts == 0:
         return None  # HF: every layer is a dense MLP
     moe = MoeConfig(
-        num_experts=_positive(hf, "num_experts", 512),
-        num_experts_per_tok=_positive(hf, "num_experts_per_tok", 10),
-        moe_intermediate_size=_positive(hf, "moe_intermediate_size", 512),
-        shared_expert_intermediate_size=_positive(hf, "shared_expert_intermediate_size", 512),
-        norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
-        decoder_sparse_step=_positive(hf, "decoder_sparse_step", 1),
-        mlp_only_layers=tuple(int(i) for i in hf.get("mlp_only_layers") or ()),
+        num_experts=num_experts,
+        num_experts_per_tok=f.integer("num_experts_per_tok", 10, low=1, high=MAX_EXPERTS),
+        moe_intermediate_size=f.integer("moe_intermediate_size", 512, low=1, high=MAX_INTERMEDIATE_SIZE),
+        shared_expert_intermediate_size=f.integer("shared_expert_intermediate_size", 512, low=1,
+                                                  high=MAX_INTERMEDIATE_SIZE),
+        norm_topk_prob=f.flag("norm_topk_prob", True),
+        decoder_sparse_step=f.integer("decoder_sparse_step", 1, low=1, high=MAX_LAYERS),
+        mlp_only_layers=f.int_list("mlp_only_layers", high=MAX_LAYERS, max_len=MAX_LAYERS) or (),
     )
     if moe.num_experts_per_tok > moe.num_experts:
-        raise ValueError(f"num_experts_per_tok {moe.num_experts_per_tok} exceeds num_experts {moe.num_experts}")
+        raise f.error("num_experts_per_tok", f"num_experts_per_tok {moe.num_experts_per_tok} exceeds num_experts "
+                                             f"{moe.num_experts}")
     bad = [i for i in moe.mlp_only_layers if not 0 <= i < num_layers]
     if bad:
-        raise ValueError(f"mlp_only_layers names layer {bad[0]} but num_hidden_layers is {num_layers}")
+        raise f.error("mlp_only_layers", f"mlp_only_layers names layer {bad[0]} but num_hidden_layers is "
+                                         f"{num_layers}")
     return moe
-
-
-def _positive(hf: dict[str, Any], key: str, default: int) -> int:
-    value = int(hf.get(key, default))
-    if value < 1:
-        raise ValueError(f"{key} {value} must be positive")
-    return value

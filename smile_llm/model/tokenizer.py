@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Protocol
 
+from .errors import TokenizerError
+
 
 class Tokenizer(Protocol):
     """What ``LanguageModel`` needs of a tokenizer: ``vocab_size``, ``eos_token_ids``, ``encode`` and ``decode``."""
@@ -50,12 +52,17 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A ``tokenizer.json`` read by the ``tokenizers`` library."""
+    """A ``tokenizer.json`` read by the ``tokenizers`` library. TokenizerError (a ValueError) naming the file when
+    the library cannot read it (not JSON, not a tokenizer)."""
 
     def __init__(self, path: Path, eos_token_ids: tuple[int, ...]) -> None:
         from tokenizers import Tokenizer as _Tokenizer
 
-        self._tok = _Tokenizer.from_file(str(path))
+        try:
+            self._tok = _Tokenizer.from_file(str(path))
+        except Exception as exc:  # the library raises plain Exception for a malformed file
+            raise TokenizerError(f"is not a tokenizer file the tokenizers library can read: {exc}",
+                                 path=path) from None
         self.vocab_size = self._tok.get_vocab_size()
         self.eos_token_ids = eos_token_ids
 
@@ -69,14 +76,37 @@ class HFTokenizer:
 
 
 def load_tokenizer(folder: Path, eos_token_ids: tuple[int, ...], vocab_size: int) -> Tokenizer:
-    """``tokenizer.json`` if present, else the byte tokenizer (``smile_tokenizer.json`` may set its ids)."""
+    """``tokenizer.json`` if present, else the byte tokenizer (``smile_tokenizer.json`` may set its ids: a JSON
+    object whose ``vocab_size`` is an integer above 256 and whose ``eos_token_id`` is an id below it).
+    TokenizerError (a ValueError) naming the file and the field when either file is malformed."""
     if (folder / "tokenizer.json").is_file():
         return HFTokenizer(folder / "tokenizer.json", eos_token_ids)
     spec = folder / "smile_tokenizer.json"
     if spec.is_file():
-        meta = json.loads(spec.read_text())
-        return ByteTokenizer(int(meta.get("vocab_size", vocab_size)), int(meta.get("eos_token_id", 256)))
+        return _byte_tokenizer(spec, vocab_size)
     return ByteTokenizer(vocab_size, eos_token_ids[0] if eos_token_ids else 256)
+
+
+def _byte_tokenizer(spec: Path, vocab_size: int) -> ByteTokenizer:
+    try:
+        meta = json.loads(spec.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise TokenizerError(f"is not valid JSON: {exc}", path=spec) from None
+    if not isinstance(meta, dict):
+        raise TokenizerError(f"must hold a JSON object, got {type(meta).__name__}", path=spec)
+    vocab = meta.get("vocab_size", vocab_size)
+    if not _is_int(vocab) or vocab <= 256:
+        raise TokenizerError(f"vocab_size must be an integer above 256 (bytes and <|endoftext|>), got {vocab!r}",
+                             path=spec, field="vocab_size")
+    eos = meta.get("eos_token_id", 256)
+    if not _is_int(eos) or not 0 <= eos < vocab:
+        raise TokenizerError(f"eos_token_id must be an integer in [0, {vocab}), got {eos!r}", path=spec,
+                             field="eos_token_id")
+    return ByteTokenizer(vocab, eos)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class StreamDecoder:

@@ -1,5 +1,11 @@
 """Loading safetensors checkpoints (single file or sharded with ``model.safetensors.index.json``) into a module,
-by Hugging Face parameter name, with errors that name the tensor and the shapes."""
+by Hugging Face parameter name, with errors that name the tensor and the shapes.
+
+Nothing in the folder is trusted: the index must be JSON naming shards inside the folder (no absolute path, no
+``..``, no symlink that leads out of it, except the Hugging Face hub cache's links from ``snapshots/<rev>/`` to
+``blobs/``), and every file's header is checked (``safetensors_header``) before a tensor is read. Failures are
+``CheckpointError`` (a ValueError) naming the file and the tensor or entry.
+"""
 
 from __future__ import annotations
 
@@ -9,28 +15,99 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .errors import CheckpointError
+from .safetensors_header import SafetensorsHeader, read_header
+
+INDEX_FILE = "model.safetensors.index.json"
+MAX_INDEX_BYTES = 64 << 20  # a shard index larger than this is refused before it is parsed
+
 
 def checkpoint_files(folder: Path) -> list[Path]:
     """The safetensors files of ``folder``: the shards named in ``model.safetensors.index.json`` if present, else every
-    ``*.safetensors`` (sorted). FileNotFoundError when there are none."""
-    index = folder / "model.safetensors.index.json"
+    ``*.safetensors`` (sorted). FileNotFoundError when there are none; CheckpointError naming the index and the entry
+    when the index is not JSON, has no ``weight_map`` of names to shard files, or names a shard that is missing or
+    lies outside the folder."""
+    index = folder / INDEX_FILE
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [folder / s for s in shards]
-    files = sorted(folder.glob("*.safetensors"))
+        return [_shard(folder, index, name) for name in _index_shards(index)]
+    files = sorted(f for f in folder.glob("*.safetensors") if f.is_file())
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {folder}")
+    for f in files:
+        if not _inside(folder, f):
+            raise CheckpointError(f"is a link to {f.resolve()}, outside the checkpoint folder {folder}", path=f)
     return files
 
 
+def _index_shards(index: Path) -> list[str]:
+    """The distinct shard names of the index's ``weight_map`` (sorted)."""
+    size = index.stat().st_size
+    if size > MAX_INDEX_BYTES:
+        raise CheckpointError(f"is {size} bytes; a shard index has at most {MAX_INDEX_BYTES}", path=index)
+    try:
+        data = json.loads(index.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise CheckpointError(f"is not valid JSON: {exc}", path=index) from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError("has no 'weight_map' object of tensor names to shard files", path=index,
+                              field="weight_map")
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard:
+            raise CheckpointError(f"weight_map[{tensor!r}] is {shard!r}, not a shard file name", path=index,
+                                  field=f"weight_map[{tensor!r}]")
+    return sorted(set(weight_map.values()))
+
+
+def _shard(folder: Path, index: Path, name: str) -> Path:
+    """``folder / name`` when ``name`` is a relative path that stays in the folder and is a file."""
+    if Path(name).is_absolute() or ".." in Path(name).parts or "\\" in name:
+        raise CheckpointError(f"names shard {name!r}, which is not a file name inside the checkpoint folder",
+                              path=index, field=name)
+    path = folder / name
+    if not _inside(folder, path):
+        raise CheckpointError(f"names shard {name!r}, a link to {path.resolve()} outside the checkpoint folder",
+                              path=index, field=name)
+    if not path.is_file():
+        raise CheckpointError(f"names shard {name!r}, which is not a file in {folder}", path=index, field=name)
+    return path
+
+
+def _inside(folder: Path, path: Path) -> bool:
+    """Whether ``path``, links followed, is inside ``folder``; or ``folder`` is a Hugging Face hub cache snapshot
+    (``.../snapshots/<rev>``) and ``path`` leads to its repository's ``blobs/``."""
+    root, target = folder.resolve(), path.resolve()
+    if target.is_relative_to(root):
+        return True
+    return root.parent.name == "snapshots" and target.parent == root.parent.parent / "blobs"
+
+
+def checkpoint_headers(folder: Path) -> list[SafetensorsHeader]:
+    """The checked header of every file of the checkpoint (``checkpoint_files``, ``safetensors_header``);
+    CheckpointError also when two files hold a tensor of the same name."""
+    headers = [read_header(f) for f in checkpoint_files(folder)]
+    seen: dict[str, Path] = {}
+    for h in headers:
+        for name in h.tensors:
+            if name in seen:
+                raise CheckpointError(f"holds tensor {name!r}, which {seen[name].name} holds too", path=h.path,
+                                      field=name)
+            seen[name] = h.path
+    return headers
+
+
 def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint in ``folder`` by name, on the CPU (see ``checkpoint_files``; FileNotFoundError
-    when there are none; ImportError without ``safetensors``)."""
+    """Every tensor of the checkpoint in ``folder`` by name, on the CPU, after every header is checked
+    (``checkpoint_headers``; FileNotFoundError when there are no files; CheckpointError naming the file for a bad
+    header or a read that fails; ImportError without ``safetensors``)."""
     from safetensors.torch import load_file
 
     tensors: dict[str, torch.Tensor] = {}
-    for f in checkpoint_files(folder):
-        tensors.update(load_file(str(f)))
+    for header in checkpoint_headers(folder):
+        try:
+            tensors.update(load_file(str(header.path)))
+        except Exception as exc:  # the header was checked: a file changed meanwhile, or an I/O error
+            raise CheckpointError(f"could not be read: {type(exc).__name__}: {exc}", path=header.path) from exc
     return tensors
 
 
@@ -58,13 +135,9 @@ def load_into(module: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.
 
 
 def checkpoint_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape by name, read from the safetensors headers only (no tensor data; cheap for a large
-    checkpoint). Same files and errors as ``read_checkpoint``."""
-    from safetensors import safe_open
-
+    """Every tensor's shape by name, read from the checked safetensors headers only (no tensor data; cheap for a
+    large checkpoint). Same files and errors as ``checkpoint_headers``."""
     shapes: dict[str, tuple[int, ...]] = {}
-    for f in checkpoint_files(folder):
-        with safe_open(str(f), framework="pt") as handle:
-            for name in handle.keys():
-                shapes[name] = tuple(int(x) for x in handle.get_slice(name).get_shape())
+    for header in checkpoint_headers(folder):
+        shapes.update(header.shapes())
     return shapes

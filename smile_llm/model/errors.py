@@ -1,0 +1,54 @@
+"""Typed errors for what a model folder holds: ``config.json``, the safetensors checkpoint, ``tokenizer.json`` and
+the chat template.
+
+Every one is a ``ValueError`` (callers that catch ValueError for bad input catch them all) whose message names the
+file (when there is one) and the field, tensor or template at fault. ``path`` and ``field`` keep both for code that
+wants them without parsing the message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+E = TypeVar("E", bound="ModelFileError")
+
+
+class ModelFileError(ValueError):
+    """A file of a model folder is malformed, out of range or disagrees with another file. ``str(error)`` is
+    ``"<path>: <message>"`` (just the message when no file is known); ``field``: the config field, tensor or entry
+    named by the message, if any."""
+
+    def __init__(self, message: str, *, path: str | Path | None = None, field: str | None = None) -> None:
+        self.message, self.field = message, field
+        self.path = None if path is None else Path(path)
+        super().__init__(message if path is None else f"{path}: {message}")
+
+    def in_file(self: E, path: str | Path) -> E:
+        """This error with ``path`` as its file (unchanged when it already names one); same type."""
+        if self.path is not None:
+            return self
+        return type(self)(self.message, path=path, field=self.field)
+
+
+class ConfigError(ModelFileError):
+    """A ``config.json`` field of the wrong type, out of range, or inconsistent with another field."""
+
+
+class CheckpointError(ModelFileError):
+    """A safetensors file or shard index that is corrupt or unsafe (a shard outside the folder), or a checkpoint
+    whose tensors disagree with the config."""
+
+
+class TokenizerError(ModelFileError):
+    """A ``tokenizer.json`` (or ``smile_tokenizer.json``) that cannot be read."""
+
+
+class ChatTemplateError(ValueError):
+    """A chat template that does not compile, fails while rendering, rejects the conversation, or exceeds its time
+    or size budget; the message names the template (its file, or ``<string>``)."""
+
+
+class RenderBudgetError(ChatTemplateError):
+    """A chat template's render exceeded one of its limits (``chat_limits``: time, size, range, call depth); the
+    message names the limit."""
