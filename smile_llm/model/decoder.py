@@ -323,7 +323,10 @@ class Decoder:
         return drafts, draft_probs
 
     def _check_vocab(self, tokens: torch.Tensor) -> None:
-        vocab = self.transformer.config.vocab_size
+        """ValueError unless every id of ``tokens`` lies in the model's whole vocabulary ``[0, V)``: the logits'
+        width, which under tensor parallelism spans every rank's partition (``transformer.config`` holds this
+        rank's partition alone, ``sharding.local_config``)."""
+        vocab = self.transformer.vocab_size
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
             raise ValueError(f"the drafter proposed token ids outside the vocabulary [0, {vocab}): "
                              f"{tokens.tolist()}")

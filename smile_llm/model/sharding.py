@@ -19,7 +19,8 @@
 The MTP head's decoder layers are split like the main model's. Gated attention's ``q_proj`` holds ``[q | gate]`` per
 head, so its row blocks split by head like plain attention's. Each rank builds its modules from ``local_config`` (its
 head counts, inner sizes and vocabulary partition; a hybrid model's DeltaNet heads, so its state pool holds only its
-heads' state) and reads only its slices from the safetensors files (``safe_open(...).get_slice``).
+heads' state) and reads only its slices from the safetensors files (``safe_open(...).get_slice``). The local
+config's ``vocab_size`` is the partition; the whole vocabulary stays ``Transformer.vocab_size``.
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ def vocab_partition(vocab_size: int, size: int) -> int:
 
 def local_config(config: ModelConfig, tp: TensorParallel) -> ModelConfig:
     """The geometry of rank ``tp.rank``'s modules: its query and KV heads, its MLP slice, its vocabulary partition
-    (``check_shardable`` first)."""
+    (``check_shardable`` first). Its ``vocab_size`` is the partition's rows (``vocab_partition``), not the
+    vocabulary: token ids, drafts, logits and anything checked against the vocabulary use the whole one, ``config``'s,
+    which the model keeps as ``Transformer.vocab_size`` (the width of the gathered logits)."""
     if tp.size == 1:
         return config
     check_shardable(config, tp.size)

@@ -1,10 +1,13 @@
 """The ranks of the tensor-parallel tests: ``spawn(scenario, folder, out, size)`` starts ``size`` processes joined by
 a gloo group (bounded timeout); each loads ``folder`` with ``tensor_parallel=size``. Rank 0 runs ``scenario`` and
-writes what it saw to ``out`` (JSON); the other ranks follow (and write how that ended)."""
+writes what it saw to ``out`` (JSON); the other ranks follow (and write how that ended). Every rank computes with one
+thread, so each side's float reductions run in one fixed order; ``logit_tolerance`` bounds how far the orders of
+TP=size and TP=1 may move the logits apart."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
@@ -12,15 +15,57 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+if TYPE_CHECKING:
+    from smile_llm.model import ModelConfig
+
 TIMEOUT_S = 20.0
 PROMPTS = [[(7 * i + 3) % 97 for i in range(22)], [5, 9, 11, 2, 40, 41, 42], [(11 * i + 5) % 97 for i in range(37)]]
+SPEC_STATS = ("speculative_rounds", "proposed_drafts", "accepted_drafts", "draft_errors", "accept_length_histogram")
+# float rounding moves logits by about eps * sqrt(reduction) per reduction (see logit_tolerance); this factor covers
+# how the layers amplify it. Measured |TP=2 - TP=1| / (eps * max|logit| * sqrt(n (2 L + 1))) over 20 random hybrid
+# checkpoints (Qwen3-Next on torch's AVX2 and AVX-512 kernels, Qwen3.5 on AVX2) and 8 dense ones: at most 2.0 (hybrid)
+# and 0.35 (dense); 8 leaves 4x over the worst
+TOLERANCE_FACTOR = 8.0
+
+
+def logit_tolerance(config: ModelConfig, reference: np.ndarray, dtype: torch.dtype) -> float:
+    """The largest ``|TP=N - TP=1|`` logit difference that rounding explains for a model of ``config`` computing in
+    ``dtype``, given the TP=1 ``reference`` logits.
+
+    Sharding changes only the order of float additions: a row-parallel output (``o_proj``, ``down_proj``, the DeltaNet
+    ``out_proj``, the experts) is summed per rank and then across ranks, where one rank's GEMM blocks the same dot
+    product differently. Two orders of a length-``n`` sum differ by about ``eps * sqrt(n)`` relative to the size of
+    its terms (rounding errors of either sign add like a random walk: the probabilistic bound, against the worst case
+    ``n * eps``). Between the embedding and the logits lie ``2 L + 1`` such sums (two per layer, then the LM head),
+    whose errors add like independent ones (``sqrt`` again), and the error ends relative to the logits' scale,
+    ``max |logit|``. So the bound is ``TOLERANCE_FACTOR * eps(dtype) * max|logit| * sqrt(n * (2 L + 1))``, ``n`` the
+    longest reduction of any layer (hidden size, MLP or expert inner size, attention heads x head dim, DeltaNet key or
+    value dim). A sharding defect (a wrong slice, a bias added twice, a head mixed up) moves logits by a sizeable
+    fraction of ``max |logit|``, orders of magnitude above it."""
+    la, moe = config.linear_attention, config.moe
+    widths = [config.hidden_size, config.intermediate_size, config.num_attention_heads * config.head_dim]
+    if la is not None:
+        widths += [la.key_dim, la.value_dim]
+    if moe is not None:
+        widths += [moe.moe_intermediate_size, moe.shared_expert_intermediate_size]
+    reductions = 2 * config.num_hidden_layers + 1
+    scale = max(float(np.abs(reference).max()), 1.0)
+    return TOLERANCE_FACTOR * torch.finfo(dtype).eps * scale * math.sqrt(max(widths) * reductions)
+
+
+def spec_stats(completion: Any) -> dict[str, Any]:
+    """The speculative counters of ``completion.stats`` (``SPEC_STATS``): rounds, drafts proposed and kept, rounds
+    the drafter failed, and the accepted-length histogram (keys as strings, as JSON writes them)."""
+    stats = {key: completion.stats[key] for key in SPEC_STATS}
+    stats["accept_length_histogram"] = {str(k): v for k, v in stats["accept_length_histogram"].items()}
+    return stats
 
 
 def free_port() -> int:
@@ -90,7 +135,9 @@ def logits_of(lm: Any, tokens: list[int], step_by_step: bool) -> list[list[float
 
 def parity(rank: int, folder: Path, result: dict[str, Any]) -> None:
     """Rank 0 records, for TP=size and TP=1: prompt and step-by-step logits, greedy generate (plain, speculative,
-    batched), seeded sampling, and the engine with concurrent submissions; the digest check is on."""
+    batched), seeded sampling, and the engine with concurrent submissions, with the speculative counters of each
+    (``spec_stats``; the engine's failed rounds only: its batches depend on the threads' timing); the compute dtype;
+    the digest check is on."""
     lm = load(folder, dist.get_world_size(), lockstep_check=True)
 
     def lead() -> None:
@@ -103,9 +150,11 @@ def parity(rank: int, folder: Path, result: dict[str, Any]) -> None:
             r["step_logits"] = logits_of(model, PROMPTS[2], step_by_step=True)
             r["plain"] = model.generate(PROMPTS[0], 16, speculative_tokens=0).tokens
             spec = model.generate(PROMPTS[0], 16)
-            r["spec"], r["rounds"] = spec.tokens, spec.stats["speculative_rounds"]
-            r["batch"] = [c.tokens for c in model.generate_batch(PROMPTS, 12)]
-            r["sampled"] = model.generate(PROMPTS[1], 12, temperature=0.9, seed=5).tokens
+            r["spec"], r["spec_stats"] = spec.tokens, spec_stats(spec)
+            batch = model.generate_batch(PROMPTS, 12)
+            r["batch"], r["batch_stats"] = [c.tokens for c in batch], [spec_stats(c) for c in batch]
+            sampled = model.generate(PROMPTS[1], 12, temperature=0.9, seed=5)
+            r["sampled"], r["sampled_stats"] = sampled.tokens, spec_stats(sampled)
             with InferenceEngine(model, max_batch_size=3) as engine:
                 handles: list[Any] = [None] * 6
                 threads = [threading.Thread(target=lambda i=i: handles.__setitem__(
@@ -115,10 +164,11 @@ def parity(rank: int, folder: Path, result: dict[str, Any]) -> None:
                 for t in threads:
                     t.join()
                 r["engine"] = [h.result().tokens for h in handles]
+                r["engine_draft_errors"] = [h.result().stats["draft_errors"] for h in handles]
             model.pool.check_invariants()
             result[name] = r
         leader = lm.transformer.leader
-        result["kv_heads"] = lm.pool.num_kv_heads
+        result["kv_heads"], result["dtype"] = lm.pool.num_kv_heads, str(lm.transformer.dtype)
         one.close()
         lm.close()  # sends the last plan: stop
         result["plans_sent"], result["bytes_sent"] = leader.plans_sent, leader.bytes_sent
@@ -129,7 +179,8 @@ def parity(rank: int, folder: Path, result: dict[str, Any]) -> None:
 def hybrid(rank: int, folder: Path, result: dict[str, Any]) -> None:
     """A hybrid checkpoint (DeltaNet heads, state pool and snapshots split across ranks): rank 0 records TP=size and
     TP=1 prompt logits, greedy and MTP-speculative generate (verify windows rewind every rank's states), a batch,
-    and a second turn that hits a state snapshot; the digest check is on."""
+    and a second turn that hits a state snapshot, with the speculative counters of each (``spec_stats``); the compute
+    dtype; the digest check is on."""
     lm = load(folder, dist.get_world_size(), lockstep_check=True)
 
     def lead() -> None:
@@ -140,13 +191,16 @@ def hybrid(rank: int, folder: Path, result: dict[str, Any]) -> None:
             r["prompt_logits"] = logits_of(model, prompts[2], step_by_step=True)
             r["plain"] = model.generate(prompts[0], 12, speculative_tokens=0).tokens
             spec = model.generate(prompts[0], 12)
-            r["spec"], r["rounds"] = spec.tokens, spec.stats["speculative_rounds"]
-            r["batch"] = [c.tokens for c in model.generate_batch(prompts, 8)]
+            r["spec"], r["spec_stats"] = spec.tokens, spec_stats(spec)
+            batch = model.generate_batch(prompts, 8)
+            r["batch"], r["batch_stats"] = [c.tokens for c in batch], [spec_stats(c) for c in batch]
             follow_up = model.generate(prompts[2] + r["batch"][2] + [1, 2, 3], 8)
             r["follow_up"], r["cached"] = follow_up.tokens, follow_up.stats["cached_tokens"]
+            r["follow_up_stats"] = spec_stats(follow_up)
             model.pool.check_invariants()
             result[name] = r
         result["state_bytes"] = [lm.pool.state_pools[0].bytes_per_request, one.pool.state_pools[0].bytes_per_request]
+        result["dtype"] = str(lm.transformer.dtype)
         one.close()
         lm.close()
 
@@ -154,15 +208,22 @@ def hybrid(rank: int, folder: Path, result: dict[str, Any]) -> None:
 
 
 def greedy(rank: int, folder: Path, result: dict[str, Any]) -> None:
-    """Rank 0 records TP=size and TP=1 step-by-step logits and greedy tokens (digest check on)."""
-    lm = load(folder, dist.get_world_size(), lockstep_check=True)
+    """Rank 0 records TP=size and TP=1 step-by-step logits, greedy tokens (plain and 24 of them drafted by n-gram
+    lookup of single tokens, whose drafts copy ids from the whole vocabulary, with their counters: ``spec_stats``);
+    the compute dtype; digest check on."""
+    from smile_llm.model.drafters.ngram import NgramDrafter
+
+    lm = load(folder, dist.get_world_size(), lockstep_check=True, drafter=NgramDrafter(min_n=1, max_n=3))
 
     def lead() -> None:
-        one = load(folder, 1)
+        one = load(folder, 1, drafter=NgramDrafter(min_n=1, max_n=3))
         for name, model in (("tp", lm), ("one", one)):
+            ngram = model.generate(PROMPTS[0], 24)
             result[name] = {"logits": logits_of(model, PROMPTS[2], step_by_step=True),
-                            "tokens": model.generate(PROMPTS[0], 12, speculative_tokens=0).tokens,
+                            "tokens": model.generate(PROMPTS[0], 24, speculative_tokens=0).tokens,
+                            "ngram": ngram.tokens, "ngram_stats": spec_stats(ngram),
                             "kv_heads": model.pool.num_kv_heads}
+        result["dtype"] = str(lm.transformer.dtype)
         one.close()
         lm.close()
 

@@ -42,7 +42,9 @@ class DrafterContext:
 
     @property
     def config(self) -> ModelConfig:
-        """The target's normalised configuration."""
+        """The target's normalised configuration as this rank builds it: under tensor parallelism its heads, inner
+        sizes and ``vocab_size`` are this rank's shares (``sharding.local_config``); the whole vocabulary is
+        ``vocab_size``."""
         return self.transformer.config
 
     @property
