@@ -1,116 +1,324 @@
-"""``smile-llm`` command line (also ``python -m smile_llm``)."""
+"""``smile-llm`` command line (also ``python -m smile_llm``).
+
+Contracts shared by the sub-commands:
+
+- Bad input (a ``--model`` that is not a loadable model folder, a value ``generate`` refuses) is one line on stderr,
+  ``smile-llm COMMAND: ...`` naming the path or the field and what is wrong, and exit code 2; never a traceback.
+- Ctrl-C ends a command quietly with exit code 130. In ``chat`` it stops the reply being generated (the request is
+  cancelled at its next forward and its KV released) and the chat goes on; Ctrl-C at the ``>`` prompt ends it.
+- ``--threads N`` (every command but ``bench``, which runs its own scripts) sets torch's intra-op threads; the
+  default is ``env.default_threads()``: the cores this process may use (its CPU affinity), shared among the ranks
+  of a ``torchrun`` job on the machine. The stats lines print the count.
+- Under ``torchrun`` (``WORLD_SIZE`` set), ``generate``, ``demo`` and ``chat`` split the model over the job's ranks
+  (``--tensor-parallel`` defaults to the world size): rank 0 prints, the other ranks follow it silently.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any
+
+from . import env
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
+MODEL_FOLDER = "a Hugging Face model folder (config.json, *.safetensors and the tokenizer)"
+
+
+class CommandError(Exception):
+    """Bad input to a sub-command: ``main`` prints ``smile-llm COMMAND: <message>`` on stderr and returns 2."""
+
+
+def version() -> str:
+    """The installed distribution's version (``importlib.metadata``), or the package's ``__version__`` when it runs
+    from a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("smile-llm")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
+def model_folder_problem(path: str | Path, option: str = "--model") -> str | None:
+    """What is wrong with ``path`` (given as ``option``) as a model folder, checked before anything is loaded: one
+    line, ``--model PATH: ...``, saying what is wrong (no such path, a file rather than a folder, no
+    ``config.json``, a ``config.json`` that cannot be read or is not a JSON object); None when it looks like a
+    model folder."""
+    p = Path(path)
+    where = f"{option} {path}" if option else str(path)
+    if not p.exists():
+        return f"{where}: no such folder; pass {MODEL_FOLDER}"
+    if not p.is_dir():
+        return f"{where} is a file, not a model folder; pass {MODEL_FOLDER}"
+    config = p / "config.json"
+    if not config.is_file():
+        return f"{where}: no config.json in this folder; pass {MODEL_FOLDER}"
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        return f"{where}: config.json is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    except json.JSONDecodeError as exc:
+        return f"{where}: config.json is not valid JSON ({exc})"
+    except OSError as exc:
+        return f"{where}: cannot read config.json ({exc.strerror or exc})"
+    if not isinstance(data, dict):
+        return f"{where}: config.json holds a JSON {type(data).__name__}, not an object"
+    return None
+
+
+def load_error(model: str | Path | None, exc: BaseException, kind: str = "dense") -> str:
+    """One line for a model that failed to load from the folder ``model`` (None: the shipped model of ``kind``):
+    the folder and the error's message, with its type unless it is a ``ValueError`` or ``OSError`` (whose messages
+    name the problem themselves)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if not isinstance(exc, (ValueError, OSError)) and type(exc).__name__ not in text:
+        text = f"{type(exc).__name__}: {text}"
+    where = f"the model from {model}" if model is not None else f"the shipped {kind} model"
+    return f"cannot load {where}: {text}"
+
+
+class StopOnInterrupt:
+    """A context for one request's generation: while it is entered on the main thread, the first SIGINT (Ctrl-C)
+    only sets ``requested``. Pass the object as ``generate(cancel=...)``, which polls it before every forward: the
+    request then ends at its next forward with ``GenerationCancelled`` and its KV released, and the process
+    carries on. A second SIGINT while still inside raises ``KeyboardInterrupt`` as usual (a way out of a stuck
+    forward). Leaving the context restores the previous handler. On another thread it installs nothing (Python
+    delivers signals to the main thread only) and ``requested`` stays False."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+        self._installed = False
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def __enter__(self) -> StopOnInterrupt:
+        self.requested = False
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:  # the second Ctrl-C: give up on a clean stop
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+            self._installed = False
 
 
 class _Printer:
-    """Streams generated text to stdout as it comes."""
+    """Streams generated text to stdout as it comes, and keeps it (``text``)."""
+
+    def __init__(self) -> None:
+        self.text = ""
 
     def on_text(self, chunk: str) -> None:
+        self.text += chunk
         sys.stdout.write(chunk)
         sys.stdout.flush()
 
 
-def _load(model: str | None, kind: str = "dense", tensor_parallel: int = 1) -> Any:
-    """``--model DIR`` if given, else the shipped model of ``--kind`` (dense or hybrid), split over
-    ``tensor_parallel`` ranks (under torchrun)."""
+def _tensor_parallel(args: argparse.Namespace) -> int:
+    """``--tensor-parallel``, or under torchrun (``WORLD_SIZE`` set) the job's world size, else 1."""
+    given = getattr(args, "tensor_parallel", None)
+    return given if given is not None else (env.world_size() or 1)
+
+
+def _load(args: argparse.Namespace) -> Any:
+    """The model of ``args``: ``--model DIR`` if given, else the shipped model of ``--kind``, split over
+    ``_tensor_parallel(args)`` ranks. CommandError (one line naming the folder and the problem) when the folder is
+    not a model folder or the model does not load."""
     from .model import LanguageModel
 
-    if model is None:
-        return LanguageModel.default(kind=kind, tensor_parallel=tensor_parallel)
-    return LanguageModel.from_pretrained(model, tensor_parallel=tensor_parallel)
+    tensor_parallel = _tensor_parallel(args)
+    if args.model is not None:
+        problem = model_folder_problem(args.model)
+        if problem is not None:
+            raise CommandError(problem)
+    try:
+        if args.model is None:
+            return LanguageModel.default(kind=args.kind, tensor_parallel=tensor_parallel)
+        return LanguageModel.from_pretrained(args.model, tensor_parallel=tensor_parallel)
+    except Exception as exc:  # whatever the checkpoint's files provoke: one line, no traceback
+        raise CommandError(load_error(args.model, exc, args.kind)) from None
+
+
+def _leave_process_group() -> None:
+    """Destroy the default process group a tensor-parallel model joined, if any (a rank that exits with it still
+    up aborts in gloo's destructor)."""
+    if "torch.distributed" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _with_model(args: argparse.Namespace, body: Callable[[Any], int]) -> int:
+    """Load the model of ``args`` and return ``body(model)``; a rank > 0 of a tensor-parallel model follows rank 0
+    instead (printing nothing) and returns 0. The model is closed (and the process group left) however ``body``
+    ends."""
+    lm = _load(args)
+    try:
+        if lm.is_follower:
+            lm.follow()
+            return 0
+        return body(lm)
+    finally:
+        try:
+            lm.close()
+        finally:
+            _leave_process_group()
+
+
+def _threads() -> int:
+    """torch's intra-op threads now (what ``--threads`` set)."""
+    import torch
+
+    return int(torch.get_num_threads())
+
+
+def _plural(n: int, word: str) -> str:
+    """``"1 thread"``, ``"2 threads"``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _print_stats(completion: Any) -> None:
+    """The stats lines after a completion: tokens, speed, torch threads and finish reason, then the speculative
+    rounds when there were any."""
     s = completion.stats
     print(f"\n[{s['prompt_tokens']} prompt tokens, {s['cached_tokens']} cached, {s['generated_tokens']} generated, "
-          f"{s['tokens_per_s']:.1f} tokens/s, finish: {completion.finish_reason}]")
+          f"{s['tokens_per_s']:.1f} tokens/s, {_plural(_threads(), 'thread')}, finish: {completion.finish_reason}]")
     if s["speculative_rounds"]:
         print(f"[speculative: {s['speculative_rounds']} rounds, {s['accepted_drafts']}/{s['proposed_drafts']} drafts "
               f"accepted, {s['mean_accepted_length']:.2f} tokens per round, "
               f"{s['target_forwards_per_token']:.2f} target forwards per token]")
 
 
+def _generate_stoppable(lm: Any, prompt: Any, max_new_tokens: int, printer: _Printer, *, chat: bool = False,
+                        **kwargs: Any) -> Any:
+    """``lm.generate`` (``lm.chat`` with ``chat``) streaming to ``printer``; Ctrl-C stops it at the next forward
+    (``StopOnInterrupt``). Returns the Completion, or None when Ctrl-C stopped it (the request is cancelled and its KV
+    released by then). CommandError for input ``generate`` refuses (ValueError)."""
+    from .model import GenerationCancelled
+
+    call = lm.chat if chat else lm.generate
+    with StopOnInterrupt() as stop:
+        try:
+            return call(prompt, max_new_tokens, listener=printer, cancel=stop, **kwargs)
+        except GenerationCancelled:
+            if stop.requested:
+                return None
+            raise
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     """``smile-llm generate``: stream a completion of ``--prompt`` (``\\n`` and ``\\t`` escapes expanded) to stdout and
-    print its finish reason and stats. Returns the exit code: 0, or 2 with the message on stderr for bad input."""
-    try:
-        lm = _load(args.model, args.kind, args.tensor_parallel)
-    except ValueError as exc:
-        print(f"smile-llm generate: {exc}", file=sys.stderr)
-        return 2
-    if lm.is_follower:  # a rank > 0 under torchrun: replay rank 0's plan, print nothing
-        lm.follow()
-        return 0
+    print its finish reason and stats. Returns 0, or 130 when Ctrl-C stopped it; CommandError for bad input."""
     prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")  # the shell passes \n literally
-    try:
-        completion = lm.generate(prompt, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                                 seed=args.seed, listener=_Printer(), speculative_tokens=args.speculative_tokens)
-    except ValueError as exc:
-        print(f"smile-llm generate: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        if lm.tp.size > 1:
-            lm.close()  # the other ranks stop following
-    _print_stats(completion)
-    return 0
+
+    def run(lm: Any) -> int:
+        printer = _Printer()
+        completion = _generate_stoppable(lm, prompt, args.max_new_tokens, printer, temperature=args.temperature,
+                                         top_p=args.top_p, seed=args.seed, speculative_tokens=args.speculative_tokens)
+        if completion is None:
+            print(flush=True)
+            return EXIT_INTERRUPTED
+        _print_stats(completion)
+        return 0
+
+    return _with_model(args, run)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """generate() on the embedded model twice with a shared prefix: the second call reuses the cached KV (and, on the
-    hybrid model, the DeltaNet state snapshot at the shared prefix)."""
-    lm = _load(args.model, args.kind)
-    print(f"model: {lm.config.model_type}, {lm.config.num_hidden_layers} layers, hidden {lm.config.hidden_size}, "
-          f"vocab {lm.config.vocab_size}; KV pool {lm.pool.num_slots} slots, page {lm.pool.page_size}\n")
-    prompt = "import os\nimport sys\n\n\ndef main(argv):\n    "
-    for turn, text in enumerate((prompt, prompt + "\"\"\"Run the command line.\"\"\"\n    ")):
-        print(f"--- call {turn + 1}: {len(text)}-byte prompt ---")
-        sys.stdout.write(text)
-        completion = lm.generate(text, args.max_new_tokens, temperature=args.temperature, top_p=0.9, seed=args.seed,
-                                 listener=_Printer())
-        _print_stats(completion)
-        lm.pool.check_invariants()
-    stats = lm.pool.stats()
-    snapshots = (f", {stats['state_snapshots']} DeltaNet state snapshots held" if "state_snapshots" in stats else "")
-    print(f"\nprefix cache: {stats['prefix_match_tokens']} of {stats['prefix_prompt_tokens']} prompt tokens reused, "
-          f"{stats['cached_tokens']} tokens cached{snapshots}; invariants hold")
-    return 0
+    hybrid model, the DeltaNet state snapshot at the shared prefix). Returns 0, or 130 when Ctrl-C stopped it."""
+
+    def run(lm: Any) -> int:
+        print(f"model: {lm.config.model_type}, {lm.config.num_hidden_layers} layers, hidden {lm.config.hidden_size}, "
+              f"vocab {lm.config.vocab_size}; KV pool {lm.pool.num_slots} slots, page {lm.pool.page_size}\n")
+        prompt = "import os\nimport sys\n\n\ndef main(argv):\n    "
+        for turn, text in enumerate((prompt, prompt + "\"\"\"Run the command line.\"\"\"\n    ")):
+            print(f"--- call {turn + 1}: {len(text)}-byte prompt ---")
+            sys.stdout.write(text)
+            completion = _generate_stoppable(lm, text, args.max_new_tokens, _Printer(), temperature=args.temperature,
+                                             top_p=0.9, seed=args.seed)
+            if completion is None:
+                print(flush=True)
+                return EXIT_INTERRUPTED
+            _print_stats(completion)
+            lm.pool.check_invariants()
+        stats = lm.pool.stats()
+        snapshots = (f", {stats['state_snapshots']} DeltaNet state snapshots held" if "state_snapshots" in stats
+                     else "")
+        print(f"\nprefix cache: {stats['prefix_match_tokens']} of {stats['prefix_prompt_tokens']} prompt tokens "
+              f"reused, {stats['cached_tokens']} tokens cached{snapshots}; invariants hold")
+        return 0
+
+    return _with_model(args, run)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     """``smile-llm chat``: an interactive chat on a checkpoint with a chat template. Each line read from stdin is a
     user turn; the assistant's reply streams to stdout; the conversation (and its KV, through the prefix cache)
-    carries over from turn to turn. An empty line or end of input ends it. Returns 0, or 2 (message on stderr) for a
+    carries over from turn to turn. Ctrl-C during a reply stops it (what was shown stays the assistant's turn) and
+    the chat goes on. An empty line or end of input ends it (0); Ctrl-C at the prompt too (130). CommandError for a
     model without a chat template."""
-    lm = _load(args.model, args.kind)
-    messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
-    try:
-        lm.encode_chat(messages + [{"role": "user", "content": "hi"}])
-    except ValueError as exc:
-        print(f"smile-llm chat: {exc}", file=sys.stderr)
-        return 2
-    kwargs = {"enable_thinking": False} if args.no_thinking else {}
-    while True:
-        print("> ", end="", flush=True)
-        line = sys.stdin.readline()
-        if not line.strip():
-            return 0
-        messages.append({"role": "user", "content": line.rstrip("\n")})
+
+    def run(lm: Any) -> int:
+        messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if args.system else []
         try:
-            completion = lm.chat(messages, args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                                 listener=_Printer(), chat_template_kwargs=kwargs)
+            lm.encode_chat(messages + [{"role": "user", "content": "hi"}])
         except ValueError as exc:
-            print(f"smile-llm chat: {exc}", file=sys.stderr)
-            messages.pop()
-            continue
-        messages.append({"role": "assistant", "content": completion.text})
-        print(f"\n[{completion.stats['cached_tokens']} of {completion.stats['prompt_tokens']} prompt tokens cached]")
+            raise CommandError(str(exc)) from None
+        kwargs = {"enable_thinking": False} if args.no_thinking else {}
+        while True:
+            print("> ", end="", flush=True)
+            line = sys.stdin.readline()
+            if not line.strip():
+                return 0
+            messages.append({"role": "user", "content": line.rstrip("\n")})
+            printer = _Printer()
+            try:
+                completion = _generate_stoppable(lm, messages, args.max_new_tokens, printer, chat=True,
+                                                 temperature=args.temperature, seed=args.seed,
+                                                 chat_template_kwargs=kwargs)
+            except CommandError as exc:
+                print(f"smile-llm chat: {exc}", file=sys.stderr)
+                messages.pop()
+                continue
+            if completion is None:
+                print("\n[reply stopped]", flush=True)
+                if printer.text:
+                    messages.append({"role": "assistant", "content": printer.text})
+                else:
+                    messages.pop()
+                continue
+            messages.append({"role": "assistant", "content": completion.text})
+            print(f"\n[{completion.stats['cached_tokens']} of {completion.stats['prompt_tokens']} prompt tokens "
+                  f"cached]")
+
+    return _with_model(args, run)
 
 
 def cmd_cache_demo(args: argparse.Namespace) -> int:
@@ -123,9 +331,12 @@ def cmd_cache_demo(args: argparse.Namespace) -> int:
 
 def cmd_spec_lab(args: argparse.Namespace) -> int:
     """``smile-llm spec-lab``: compare drafters and draft counts on a workload against plain decoding
-    (``smile_llm.lab``). Returns 0, 1 when a configuration is not lossless, 2 for bad input."""
+    (``smile_llm.lab``). Returns 0, 1 when a configuration is not lossless, 2 for bad input (the lab compares
+    several models in one process, so a torchrun job of more than one rank is bad input)."""
     from .lab.command import run_command
 
+    if (env.world_size() or 1) > 1:
+        raise CommandError("the lab compares several models in one process: run it without torchrun")
     return run_command(args, args.argv)
 
 
@@ -140,25 +351,46 @@ def cmd_bench(args: list[str]) -> int:
     return subprocess.call([sys.executable, "-m", "benchmarks", *args], cwd=root)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``smile-llm`` (and ``python -m smile_llm``): parse ``argv`` (default ``sys.argv[1:]``) and run the
-    sub-command; ``serve-jvm`` hands its arguments to ``java_bridge.launch.run``. Returns the exit code; argparse exits
-    with 2 on bad arguments."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve-jvm"]:  # the JVM launcher parses its own arguments (java_bridge.launch)
-        from java_bridge.launch import run
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
+    return value
 
-        return run(argv[1:], prog="smile-llm serve-jvm")
-    if argv[:1] == ["bench"]:  # the benchmark runner parses its own arguments (benchmarks/__main__.py)
-        return cmd_bench(argv[1:])
+
+def add_threads_option(parser: argparse.ArgumentParser, default: int | None = None) -> None:
+    """``--threads N``, the same option on every command: torch's intra-op threads (``default``, or
+    ``env.default_threads()`` when None)."""
+    n = env.default_threads() if default is None else default
+    parser.add_argument("--threads", type=_positive_int, default=n, metavar="N",
+                        help=f"torch intra-op threads (default {n}: the cores this process may use, or "
+                             f"OMP_NUM_THREADS when set)")
+
+
+def _model_options(parser: argparse.ArgumentParser, model_help: str, tensor_parallel: bool = True) -> None:
+    """``--model``, ``--kind``, ``--tensor-parallel`` (when the command can split its model) and ``--threads``."""
+    parser.add_argument("--model", metavar="DIR", help=model_help)
+    parser.add_argument("--kind", choices=("dense", "hybrid"), default="dense",
+                        help="which shipped model, without --model")
+    if tensor_parallel:
+        parser.add_argument("--tensor-parallel", type=_positive_int, default=None, metavar="N",
+                            help="split the model over N ranks, one process each (default: torchrun's world size "
+                                 "under torchrun, else 1)")
+    add_threads_option(parser)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every sub-command but ``serve-jvm`` and ``bench`` (they parse their own arguments)."""
     parser = argparse.ArgumentParser(prog="smile-llm", description="smile-llm: LLM serving core")
+    parser.add_argument("--version", action="version", version=f"smile-llm {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text (the embedded default model unless --model)")
     gen.add_argument("--prompt", required=True, help="prompt text (\\n escapes allowed)")
-    gen.add_argument("--model", help="a Hugging Face model folder (config.json, *.safetensors, tokenizer)")
-    gen.add_argument("--kind", choices=("dense", "hybrid"), default="dense", help="which shipped model, without --model")
-    gen.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
-                     help="split the model over N ranks: run under torchrun --nproc-per-node N")
+    _model_options(gen, MODEL_FOLDER)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -167,15 +399,14 @@ def main(argv: list[str] | None = None) -> int:
                      help="MTP drafts per round (default: the model's; 0: plain decoding)")
     gen.set_defaults(run=cmd_generate)
     demo = sub.add_parser("demo", help="generate() twice on the default model, the second reusing the prefix")
-    demo.add_argument("--model")
-    demo.add_argument("--kind", choices=("dense", "hybrid"), default="dense", help="which shipped model, without --model")
+    _model_options(demo, MODEL_FOLDER)
     demo.add_argument("--max-new-tokens", type=int, default=120)
     demo.add_argument("--temperature", type=float, default=0.7, help="0 for greedy (a tiny model loops greedily)")
     demo.add_argument("--seed", type=int, default=2)
     demo.set_defaults(run=cmd_demo)
-    chat = sub.add_parser("chat", help="an interactive chat on a checkpoint's chat template (stdin lines are turns)")
-    chat.add_argument("--model", help="a Hugging Face model folder with a chat template")
-    chat.add_argument("--kind", choices=("dense", "hybrid"), default="dense", help="which shipped model, without --model")
+    chat = sub.add_parser("chat", help="an interactive chat on a checkpoint's chat template (stdin lines are turns; "
+                                       "Ctrl-C stops a reply)")
+    _model_options(chat, "a Hugging Face model folder with a chat template")
     chat.add_argument("--system", default="", help="a system message")
     chat.add_argument("--max-new-tokens", type=int, default=256)
     chat.add_argument("--temperature", type=float, default=0.7)
@@ -185,12 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     cache = sub.add_parser("cache-demo", help="a multi-turn chat through the KV pool alone, showing prefix reuse")
     cache.add_argument("--turns", type=int, default=6)
     cache.add_argument("--seed", type=int, default=7)
+    add_threads_option(cache)
     cache.set_defaults(run=cmd_cache_demo)
     lab = sub.add_parser("spec-lab", help="compare speculative drafters and draft counts on a workload against "
                                           "plain decoding: table, plots, lossless checks (docs/speculative.md)")
-    lab.add_argument("--model", help="a checkpoint folder (default: the shipped model of --kind)")
-    lab.add_argument("--kind", choices=("dense", "hybrid"), default="dense",
-                     help="which shipped model, without --model")
+    _model_options(lab, "a checkpoint folder (default: the shipped model of --kind)", tensor_parallel=False)
     lab.add_argument("--drafters", default="mtp,ngram",
                      help="comma list of drafter= values (mtp, mtp-per-round, ngram, draft:PATH, a registered "
                           "name, package.module:callable); default mtp,ngram")
@@ -207,7 +437,6 @@ def main(argv: list[str] | None = None) -> int:
     lab.add_argument("--sample-prompts", type=int, default=3, help="prompts in the distribution test")
     lab.add_argument("--sample-tokens", type=int, default=3, help="tokens per draw in the distribution test")
     lab.add_argument("--seed", type=int, default=1234, help="base seed of sampled runs")
-    lab.add_argument("--threads", type=int, default=1, help="torch threads")
     lab.add_argument("--prefix-reuse", action="store_true",
                      help="keep prefix caching on (default off: every run prefills its whole prompt)")
     lab.add_argument("--out", default="spec_lab_results", help="the results folder (default spec_lab_results)")
@@ -215,10 +444,46 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("bench", help="run the benchmark scripts of a source checkout: bench [all|quick|NAME ...] "
                                  "[--skip NAME ...] (see python -m benchmarks -h)")
     sub.add_parser("serve-jvm", help="run a JVM application on the Python bridge: serve-jvm --classpath app.jar "
-                                     "--main com.example.App [--model DIR] -- args (see python -m java_bridge -h)")
-    args = parser.parse_args(argv)
+                                     "--main com.example.App [--model DIR] [--threads N] -- args (see python -m "
+                                     "java_bridge -h)")
+    return parser
+
+
+def _run(argv: list[str]) -> int:
+    """Parse ``argv`` and run its sub-command with torch at ``--threads`` (restored afterwards, for in-process
+    callers). CommandError for bad input."""
+    if argv[:1] == ["serve-jvm"]:  # the JVM launcher parses its own arguments (java_bridge.launch)
+        from java_bridge.launch import run
+
+        return run(argv[1:], prog="smile-llm serve-jvm")
+    if argv[:1] == ["bench"]:  # the benchmark runner parses its own arguments (benchmarks/__main__.py)
+        return cmd_bench(argv[1:])
+    args = build_parser().parse_args(argv)
     args.argv = list(argv)  # spec-lab records its command line
-    return int(args.run(args))
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        return int(args.run(args))
+    finally:
+        torch.set_num_threads(before)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``smile-llm`` (and ``python -m smile_llm``): parse ``argv`` (default ``sys.argv[1:]``) and run the
+    sub-command; ``serve-jvm`` hands its arguments to ``java_bridge.launch.run``. Returns the exit code: the
+    command's, 2 with one line on stderr for bad input, 130 after Ctrl-C (quietly); argparse exits with 2 on bad
+    arguments."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _run(argv)
+    except CommandError as exc:
+        command = " ".join(["smile-llm", *argv[:1]])
+        print(f"{command}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -19,3 +19,37 @@ def tp_check() -> bool:
     """``SMILE_TP_CHECK=1``: tensor-parallel followers compare their pools' digests with rank 0's before every
     forward (a debug check; off by default)."""
     return os.environ.get("SMILE_TP_CHECK") == "1"
+
+
+def _positive_int(name: str) -> int | None:
+    """``name`` as a positive int, or None when it is unset, empty or not a positive int."""
+    try:
+        value = int(os.environ.get(name, ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def world_size() -> int | None:
+    """``WORLD_SIZE`` (set by ``torchrun`` for every rank): the number of processes of a distributed launch, or None
+    outside one."""
+    return _positive_int("WORLD_SIZE")
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its CPU affinity (``taskset``, cgroup cpusets), or ``os.cpu_count()``
+    where the platform has no affinity call. At least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def default_threads() -> int:
+    """The torch intra-op threads a command uses without ``--threads``: ``OMP_NUM_THREADS`` when set to a positive
+    int (``torchrun`` sets 1 unless the caller set it), else ``usable_cores()`` divided among the ranks on this
+    machine (``LOCAL_WORLD_SIZE``, set by ``torchrun``), at least 1."""
+    explicit = _positive_int("OMP_NUM_THREADS")
+    if explicit is not None:
+        return explicit
+    return max(1, usable_cores() // (_positive_int("LOCAL_WORLD_SIZE") or 1))

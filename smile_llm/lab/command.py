@@ -8,6 +8,7 @@ import sys
 
 from .config import LabConfig, parse_ks, parse_names, parse_trees
 from .errors import LabError
+from .plots import MATPLOTLIB_HINT, plots_available
 from .report import headline, table, write_results
 from .runner import run_lab
 
@@ -24,8 +25,10 @@ def config_from_args(args: argparse.Namespace) -> LabConfig:
 
 def run_command(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the lab for parsed ``args`` (``argv``: the arguments after ``smile-llm``, recorded in command.txt), print
-    the table and write the results folder. Returns 0 when every configuration is lossless, 1 when one is not
-    (the results are written either way, the failures on stderr), 2 for bad input (nothing run)."""
+    progress lines on stderr as it goes (one per timed run), then the table, and write the results folder (without
+    matplotlib the plots are skipped with one line on stderr saying how to install it). Returns 0 when every
+    configuration is lossless, 1 when one is not (the results are written either way, the failures on stderr), 2
+    for bad input (nothing run)."""
     try:
         config = config_from_args(args)
         result = run_lab(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -37,6 +40,8 @@ def run_command(args: argparse.Namespace, argv: list[str]) -> int:
     print(table(result))
     print(headline(result))
     print(f"wrote {', '.join(str(f) for f in files)}")
+    if not plots_available():
+        print(f"smile-llm spec-lab: plots skipped: matplotlib is not installed ({MATPLOTLIB_HINT})", file=sys.stderr)
     if not result.passed:
         for r in result.failures:
             check = r.check

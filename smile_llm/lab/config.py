@@ -94,6 +94,8 @@ class LabConfig:
         if self.trees and not trees_supported():
             raise LabError("tree drafts are not available in this build (SamplingParams has no draft_tree field)")
         if self.policy is not None and not policy_supported(self.policy):
+            if policy_supported("auto"):
+                raise LabError(f"policy {self.policy!r} is refused: {_policy_error(self.policy)}")
             raise LabError(f"adaptive k is not available in this build: speculative_tokens={self.policy!r} is "
                            f"refused by SamplingParams")
         out = [Configuration(f"{d} k={k}", d, k) for d in self.drafters for k in self.ks]
@@ -113,13 +115,18 @@ def trees_supported() -> bool:
     return "draft_tree" in {f.name for f in dataclasses.fields(SamplingParams)}
 
 
-def policy_supported(policy: str) -> bool:
-    """Whether ``SamplingParams(speculative_tokens=policy)`` is accepted."""
+def _policy_error(policy: str) -> str:
+    """Why ``SamplingParams(speculative_tokens=policy)`` is refused, or "" when it is accepted."""
     try:
         SamplingParams(speculative_tokens=policy)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-    return True
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return ""
+
+
+def policy_supported(policy: str) -> bool:
+    """Whether ``SamplingParams(speculative_tokens=policy)`` is accepted."""
+    return not _policy_error(policy)
 
 
 def _check_k(k: int) -> None:

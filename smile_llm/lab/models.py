@@ -39,12 +39,18 @@ class LabModels:
     @classmethod
     def load(cls, config: LabConfig, drafters: list[str], prompts: list[Prompt]) -> LabModels:
         """Load the plain model, check every prompt fits its context, then load one model per drafter. LabError
-        (every model loaded so far closed) for a prompt that does not fit, a drafter name ``build_drafter``
-        refuses, or a drafter that gives no drafter on this model (e.g. "mtp" without an MTP head)."""
+        (every model loaded so far closed) for a ``config.model`` that is not a model folder or does not load (the
+        message names the folder), a prompt that does not fit, a drafter name ``build_drafter`` refuses, or a
+        drafter that gives no drafter on this model (e.g. "mtp" without an MTP head)."""
+        from ..cli import load_error, model_folder_problem
+
+        problem = None if config.model is None else model_folder_problem(config.model)
+        if problem is not None:
+            raise LabError(problem)
         try:
             plain = load_model(config, drafter=None)
-        except (OSError, ValueError) as exc:
-            raise LabError(f"cannot load the model: {exc}") from None
+        except Exception as exc:  # whatever the checkpoint's files provoke: one line naming the folder
+            raise LabError(load_error(config.model, exc, config.kind)) from None
         models = cls(plain)
         try:
             need = max(len(plain.encode(p.prompt)) + (p.max_new_tokens or config.new_tokens) for p in prompts)

@@ -114,9 +114,32 @@ def _drop_unsupported_trees(models: LabModels, configurations: list[Configuratio
     return kept, notes
 
 
+def _left(seconds: float) -> str:
+    """A rough remaining time: "about 40 s left", "about 9 min left"."""
+    return f"about {seconds:.0f} s left" if seconds < 90 else f"about {seconds / 60:.0f} min left"
+
+
+class _RunCounter:
+    """Numbers the timed runs of a lab pass and says one line per run: which run of how many, the repeat, prompt
+    and configuration, its wall time, and the time left at the pace so far."""
+
+    def __init__(self, total: int, say: Callable[[str], None]) -> None:
+        self.total, self.done, self.say = total, 0, say
+        self.begin = time.perf_counter()
+        self.width = len(str(total))
+
+    def ran(self, where: str, label: str, wall: float) -> None:
+        self.done += 1
+        elapsed = time.perf_counter() - self.begin
+        left = elapsed / self.done * (self.total - self.done)
+        self.say(f"[{self.done:>{self.width}}/{self.total}] {where}, {label}: {wall:.2f} s; "
+                 f"{_left(left) if self.done < self.total else 'timed runs done'}")
+
+
 def run_lab(config: LabConfig, progress: Callable[[str], None] | None = None) -> LabResult:
     """Run ``config`` (see the module docstring) and return what it measured; ``progress`` receives a line per
-    step. LabError for bad input, before any generation. The lossless verdicts are in the result
+    step: loading, warming up, then one per timed run (plain or a configuration, with the time left), per repeat and
+    per distribution test. LabError for bad input, before any generation. The lossless verdicts are in the result
     (``LabResult.passed``, ``failures``): a lossy configuration does not raise."""
     say = progress or (lambda line: None)
     prompts = load_workload(config.workload)
@@ -124,22 +147,28 @@ def run_lab(config: LabConfig, progress: Callable[[str], None] | None = None) ->
     drafters = list(dict.fromkeys(c.drafter for c in configurations))
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
+    say(f"loading the plain model and one per drafter ({', '.join(drafters)}); {len(prompts)} prompts, "
+        f"{len(configurations)} configurations, {config.threads} torch thread(s)")
     models = LabModels.load(config, drafters, prompts)
     try:
         configurations, notes = _drop_unsupported_trees(models, configurations, say)
+        say(f"warming up: one short call per configuration ({len(configurations)})")
         _warm_up(models, configurations, prompts[0], config)
         results = [ConfigResult(c) for c in configurations]
         groups = {d: [r for r in results if r.configuration.drafter == d] for d in drafters}
         groups = {d: g for d, g in groups.items() if g}
         mismatches: dict[str, list[Mismatch]] = {c.label: [] for c in configurations}
         plain = Timings()
+        counter = _RunCounter(config.repeats * len(prompts) * sum(1 + len(g) for g in groups.values()), say)
         for rep in range(config.repeats):
             for index, prompt in enumerate(prompts):
                 new = prompt.max_new_tokens or config.new_tokens
                 seed = config.seed + index
+                where = f"repeat {rep + 1}/{config.repeats}, prompt {index + 1}/{len(prompts)} ({prompt.id})"
                 for drafter, group in groups.items():
                     base, wall = _generate(models.plain, prompt, new, config, seed, 0, {})
                     plain.add(prompt.id, wall, base.stats["decode_s"])
+                    counter.ran(where, "plain", wall)
                     timer = models.timers[drafter]
                     for r in group:
                         c = r.configuration
@@ -148,6 +177,7 @@ def run_lab(config: LabConfig, progress: Callable[[str], None] | None = None) ->
                         out, wall = _generate(models.drafting[drafter], prompt, new, config, seed,
                                               c.speculative_tokens, c.generate_kwargs, tally.add)
                         r.timings.add(prompt.id, wall, out.stats["decode_s"], timer.take()[0])
+                        counter.ran(where, c.label, wall)
                         if config.temperature == 0 or seeded_identity(c):
                             miss = first_mismatch(prompt.id, base.tokens, out.tokens)
                             if miss is not None:

@@ -140,7 +140,7 @@ def test_serving_options_reach_the_model(java_classes: Path) -> None:
     assert rounds(("--drafter", "none")) == 0
     done = launch(java_classes, "bridgetest.apps.ModelApp", options=("--speculative-max-batch", "-1"))
     assert done.returncode == 2
-    assert "java_bridge: cannot load the model: speculative_max_batch" in done.stderr
+    assert "java_bridge: cannot load the shipped dense model: speculative_max_batch" in done.stderr
 
 
 def test_a_hybrid_checkpoint_serves_java(java_classes: Path, tmp_path: Path) -> None:
@@ -154,3 +154,30 @@ def test_a_hybrid_checkpoint_serves_java(java_classes: Path, tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     stats = json.loads(done.stdout.split("ModelApp stats=")[1])
     assert stats["generated_tokens"] == 8 and stats["speculative_rounds"] > 0
+
+
+def test_threads_is_the_commands_option_and_the_old_spelling_still_works() -> None:
+    """``--threads`` as on every ``smile-llm`` command (the launcher keeps 1 by default: torch's threads contend
+    with the JVM's); ``--torch-threads`` is still accepted; ``--tensor-parallel`` defaults to torchrun's world
+    size (None here, resolved at load)."""
+    from java_bridge.launch import parse
+
+    base = ["--classpath", "x.jar", "--main", "App"]
+    assert parse(base).threads == 1 and parse(base).tensor_parallel is None
+    assert parse(base + ["--threads", "3"]).threads == 3
+    assert parse(base + ["--torch-threads", "2"]).threads == 2
+
+
+def test_a_bad_model_folder_is_one_line_naming_it(java_classes: Path, tmp_path: Path) -> None:
+    readme = REPO / "README.md"
+    done = launch(java_classes, "bridgetest.apps.ModelApp", options=("--model", str(readme)))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"java_bridge: --model {readme} is a file, not a model folder; pass a Hugging Face model folder "
+        f"(config.json, *.safetensors and the tokenizer)"]
+    (tmp_path / "config.json").write_text("{")
+    done = launch(java_classes, "bridgetest.apps.ModelApp", options=("--model", str(tmp_path)))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"java_bridge: --model {tmp_path}: config.json is not valid JSON (Expecting property name enclosed in "
+        f"double quotes: line 1 column 2 (char 1))"]

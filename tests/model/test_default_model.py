@@ -44,7 +44,8 @@ def test_cli_generate_streams_text_and_stats() -> None:
                          capture_output=True, text=True, check=True).stdout
     text, _, stats = out.partition("\n[4 prompt tokens")  # the streamed completion, then the stats lines
     stats = "[4 prompt tokens" + stats
-    found = re.match(r"\[4 prompt tokens, 0 cached, (\d+) generated, [\d.]+ tokens/s, finish: (length|stop)]\n"
+    found = re.match(r"\[4 prompt tokens, 0 cached, (\d+) generated, [\d.]+ tokens/s, \d+ threads?, "
+                     r"finish: (length|stop)]\n"
                      r"\[speculative: (\d+) rounds, (\d+)/(\d+) drafts accepted, [\d.]+ tokens per round, "
                      r"[\d.]+ target forwards per token]\n$", stats)
     assert found, stats
