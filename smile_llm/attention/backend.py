@@ -8,19 +8,22 @@ A backend is planned once per forward on the step's CSR (every layer shares the 
         out = backend.run(q[layer], pool.key_layer(layer), pool.value_layer(layer),
                           k_scale=pool.k_scale, v_scale=pool.v_scale)
 
-FlashInfer is chosen on CUDA when it imports; the reference everywhere else. Neither this module nor the chooser
-imports FlashInfer off CUDA.
+FlashInfer is chosen on CUDA when it imports and, given the model's :class:`AttentionShape`, when its kernels serve
+that shape (``flashinfer.model_limit``: head dims 64, 128 and 256, fp16/bf16 queries, KV of the query dtype or
+FP8); the reference everywhere else. Neither this module nor the chooser imports FlashInfer off CUDA.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from ..cache.metadata import FlashInferKvMetadata
-from .flashinfer import FlashInferBackend, import_flashinfer
+from .flashinfer import FlashInferBackend, import_flashinfer, model_limit
 
 _log = logging.getLogger(__name__)
 
@@ -51,6 +54,24 @@ class AttentionBackend(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class AttentionShape:
+    """What a model's attention asks of a backend: its head dim, query and KV heads (this rank's), the query dtype
+    (the model's compute dtype) and the KV pool's storage dtype."""
+
+    head_dim: int
+    num_qo_heads: int
+    num_kv_heads: int
+    q_dtype: torch.dtype
+    kv_dtype: torch.dtype
+
+    def flashinfer_limit(self) -> str | None:
+        """Why FlashInfer's kernels cannot serve this shape, every reason named (``flashinfer.model_limit``), or
+        None when they can."""
+        return model_limit(head_dim=self.head_dim, num_qo_heads=self.num_qo_heads, num_kv_heads=self.num_kv_heads,
+                           q_dtype=self.q_dtype, kv_dtype=self.kv_dtype)
+
+
 def _reference_backend() -> AttentionBackend:
     from .reference import ReferenceBackend  # loaded on first use
 
@@ -63,13 +84,16 @@ def companion_backend(backend: AttentionBackend, device: str | torch.device) -> 
     return select_backend(device, prefer=backend.name if backend.name in BACKEND_NAMES else None)
 
 
-def select_backend(device: str | torch.device, prefer: str | None = None) -> AttentionBackend:
-    """The attention backend for ``device``: FlashInfer on CUDA when it imports, the reference everywhere else.
+def select_backend(device: str | torch.device, prefer: str | None = None, *,
+                   shape: AttentionShape | None = None) -> AttentionBackend:
+    """The attention backend for ``device``: FlashInfer on CUDA when it imports and its kernels serve ``shape`` (a
+    model's attention; None: not checked), the reference everywhere else.
 
     ``prefer="reference"`` forces the reference. ``prefer="flashinfer"`` raises RuntimeError off CUDA (FlashInfer
-    has no CPU kernels) and ImportError, with the install hint, when FlashInfer does not import. With
-    ``prefer=None`` a CUDA device without a working FlashInfer gets the reference (logged once). ValueError for any
-    other ``prefer``."""
+    has no CPU kernels), ImportError, with the install hint, when FlashInfer does not import, and ValueError naming
+    the limit when its kernels cannot serve ``shape``. With ``prefer=None`` a CUDA device without a working
+    FlashInfer gets the reference (logged once), and a ``shape`` FlashInfer cannot serve gets the reference with one
+    warning naming every reason (each call: one per model). ValueError for any other ``prefer``."""
     if prefer is not None and prefer not in BACKEND_NAMES:
         raise ValueError(f"prefer must be None or one of {BACKEND_NAMES}, got {prefer!r}")
     device = torch.device(device)
@@ -92,5 +116,12 @@ def select_backend(device: str | torch.device, prefer: str | None = None) -> Att
             _warned_fallback = True
             _log.warning("FlashInfer unavailable on %s (%s); attention runs on the pure-PyTorch reference",
                          device, exc)
+        return _reference_backend()
+    limit = None if shape is None else shape.flashinfer_limit()
+    if limit is not None:
+        if prefer == "flashinfer":
+            raise ValueError(f"prefer='flashinfer', but FlashInfer cannot serve this model on {device}: {limit}")
+        warnings.warn(f"FlashInfer cannot serve this model on {device}: {limit}. Its attention runs on the PyTorch "
+                      f"reference backend", RuntimeWarning, stacklevel=2)
         return _reference_backend()
     return FlashInferBackend(device)

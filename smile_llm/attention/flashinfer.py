@@ -7,8 +7,27 @@ works on machines without it, and no wrapper is constructed unless the device is
 Kernel per ``plan``::
 
     qo_indptr None   -> BatchDecodeWithPagedKVCacheWrapper   tensor cores when Hq/Hkv >= 4 or the KV is FP8 (SGLang)
-    qo_indptr given  -> BatchPrefillWithPagedKVCacheWrapper  ragged prefill and verify windows; bottom-right causal
-    q or KV float32  -> the reference (FlashInfer has no fp32 kernels); never in CUDA-graph mode
+    qo_indptr given  -> BatchPrefillWithPagedKVCacheWrapper  ragged prefill and verify windows; bottom-right causal,
+                                                             or a token tree's ``custom_mask`` (always on fa2)
+    beyond the kernels' limits (:func:`kernel_limit`: float32, a head dim other than 64/128/256, ...)
+                     -> the reference; never in CUDA-graph mode (ValueError naming the limit)
+
+The kernels' limits (flashinfer-python 0.6.18 / 0.7.4 sources; :func:`kernel_limit` checks them, and
+:func:`model_limit` checks every kernel a model's forwards plan, which ``select_backend`` uses to choose per model):
+
+- queries fp16 or bf16; KV of the query dtype or FP8 (fa2 has no FP8 queries, ``jit/attention/modules.py``);
+- the prefill kernel (and the tensor-core decode, which runs it): head dims 64, 128 and 256. fa2 rejects head dims
+  under 64 as an invalid tile configuration (``KernelTraits::IsInvalid``, ``NUM_MMA_D_VO < 4``, in
+  ``include/flashinfer/attention/prefill.cuh``); fa3 instantiates 64, 128 and 256 only (``static_assert`` in
+  ``attention/hopper/prefill_sm90.cuh``; ``is_fa3_prefill_head_dim_supported`` in ``utils.py``);
+- fa3: query and KV of one dtype, and no custom mask (``is_fa3_backend_supported``; its kernels return
+  ``cudaErrorNotSupported`` for ``MaskMode::kCustom``);
+- the CUDA-core decode: 1, 2, 3, 4, 6 or 8 query heads per KV head (``DISPATCH_GQA_GROUP_SIZE``) and a
+  power-of-two head dim of 16 to 256 (32 with FP8 KV) so that its ``bdx`` lanes per head are at least its two
+  pipeline stages (``static_assert(num_stages_smem <= bdx)`` in ``attention/decode.cuh``).
+
+Devices: ``plan`` hands FlashInfer ``qo_indptr``, ``paged_kv_indptr`` and ``paged_kv_last_page_len`` on one device
+(the CSR's): with a custom mask FlashInfer does arithmetic on all three (``_compute_page_mask_indptr``).
 
 CUDA graphs: a graph-mode backend serves one captured shape. Its wrapper's fixed buffers *are* the pool's graph CSR
 (``decode_graph_metadata(batch)``: ``indices`` over-provisioned for every row length) and ``verify_qo_indptr(batch,
@@ -18,8 +37,10 @@ CSR but the bound one (another would silently overwrite the pool's live CSR). ``
 reads the device; it must run outside capture before every replay. ``run`` does no host work and is captured: what
 it passes as scalars (``k_scale``, ``v_scale``, the softmax scale) is frozen into the graph.
 
-Kernel family (FlashInfer's ``backend``): "fa3" for the prefill wrapper on compute capability 9.x (Hopper) when the
-query and KV dtypes match, "fa2" everywhere else (decode, FP8 KV, other GPUs); ``kernel_backend=`` forces one.
+Kernel family (FlashInfer's ``backend``): "fa3" for the prefill wrapper on compute capability 9.x (Hopper) when fa3
+can serve the plan (matching query and KV dtypes, head dim 64/128/256, no custom mask), "fa2" everywhere else
+(decode, FP8 KV, token-tree masks, other GPUs); ``kernel_backend=`` forces the family of the prefill plans without
+a custom mask.
 
 FlashInfer API used (flashinfer-python 0.2 .. 0.7.4; optional arguments go by keyword, which every version accepts
 and 0.6.18+ asks for; ``backend=`` only where the constructor has it)::
@@ -65,6 +86,12 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 TENSOR_CORE_MIN_GROUP = 4  # SGLang's should_use_tensor_core: GQA group >= 4, or FP8 KV
 FA3_MAJOR = 9  # compute capability major of the GPUs FlashInfer's fa3 kernels run on (Hopper)
+KERNEL_FAMILIES = ("fa2", "fa3")
+KERNELS = ("decode", "decode_tc", "prefill")
+PREFILL_HEAD_DIMS = (64, 128, 256)  # the prefill kernel on fa2 and fa3, and the tensor-core decode (it runs prefill's)
+CUDA_CORE_DECODE_GROUPS = (1, 2, 3, 4, 6, 8)  # DISPATCH_GQA_GROUP_SIZE in include/flashinfer/utils.cuh
+CUDA_CORE_DECODE_MAX_HEAD_DIM = 256
+DECODE_PIPELINE_STAGES = 2  # the CUDA-core decode's shared-memory stages on sm_80 and later; <= its bdx lanes
 
 
 def import_flashinfer() -> Any:
@@ -89,9 +116,79 @@ def flashinfer_available() -> bool:
     return True
 
 
-def kernel_supports(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> bool:
-    """Whether FlashInfer has kernels for these dtypes: fp16/bf16 queries with KV of the same dtype or FP8."""
-    return q_dtype in HALF_DTYPES and (kv_dtype == q_dtype or kv_dtype in FP8_DTYPES)
+def decode_kernel(group: int, kv_dtype: torch.dtype, use_tensor_cores: bool | None = None) -> str:
+    """The decode kernel for ``group`` query heads per KV head: "decode_tc" (the prefill kernel on tensor cores) when
+    ``use_tensor_cores``, or, when that is None, by SGLang's rule (a group of 4 or more, or FP8 KV); else "decode"
+    (the CUDA-core kernel)."""
+    if use_tensor_cores is None:
+        use_tensor_cores = group >= TENSOR_CORE_MIN_GROUP or kv_dtype in FP8_DTYPES
+    return "decode_tc" if use_tensor_cores else "decode"
+
+
+def _cuda_core_decode_serves(head_dim: int, kv_dtype: torch.dtype) -> bool:
+    # decode.cuh: vec_size = max(16 / sizeof(KV), D / 32), bdx = D / vec_size lanes per head, reduced by a butterfly
+    # over bdx (a power of two) and at least the pipeline stages.
+    if head_dim > CUDA_CORE_DECODE_MAX_HEAD_DIM or head_dim & (head_dim - 1):
+        return False
+    vec = max(16 // kv_dtype.itemsize, head_dim // 32)
+    return head_dim % vec == 0 and DECODE_PIPELINE_STAGES <= head_dim // vec <= 32
+
+
+def _limits(kernel: str, family: str, head_dim: int, group: int, q_dtype: torch.dtype, kv_dtype: torch.dtype,
+            custom_mask: bool) -> list[str]:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    if family not in KERNEL_FAMILIES:
+        raise ValueError(f"family must be one of {KERNEL_FAMILIES}, got {family!r}")
+    out = []
+    if q_dtype not in HALF_DTYPES:
+        out.append(f"{q_dtype} queries (FlashInfer has float16 and bfloat16 kernels only)")
+    elif kv_dtype != q_dtype and kv_dtype not in FP8_DTYPES:
+        out.append(f"{q_dtype} queries over {kv_dtype} KV (the KV must be of the query dtype or FP8)")
+    if kernel == "decode":
+        if not _cuda_core_decode_serves(head_dim, kv_dtype):
+            out.append(f"head dim {head_dim} (the CUDA-core decode runs powers of two from "
+                       f"{DECODE_PIPELINE_STAGES * (16 // kv_dtype.itemsize)} to {CUDA_CORE_DECODE_MAX_HEAD_DIM} "
+                       f"over {kv_dtype} KV)")
+        if group not in CUDA_CORE_DECODE_GROUPS:
+            out.append(f"{group} query heads per KV head (the CUDA-core decode serves "
+                       f"{', '.join(map(str, CUDA_CORE_DECODE_GROUPS))})")
+    elif head_dim not in PREFILL_HEAD_DIMS:
+        out.append(f"head dim {head_dim} (the prefill kernels run {', '.join(map(str, PREFILL_HEAD_DIMS))} only)")
+    if custom_mask and kernel != "prefill":
+        out.append("a custom mask without a query window (the prefill kernel has masks)")
+    if family == "fa3":
+        if kernel != "prefill":
+            out.append("fa3 for a decode kernel (fa3 serves the prefill wrapper here)")
+        if q_dtype in HALF_DTYPES and kv_dtype != q_dtype:
+            out.append(f"fa3 over {kv_dtype} KV under {q_dtype} queries (fa3 needs one dtype)")
+        if custom_mask:
+            out.append("a custom mask on fa3 (its kernels return cudaErrorNotSupported)")
+    return out
+
+
+def kernel_limit(kernel: str, family: str, *, head_dim: int, group: int, q_dtype: torch.dtype,
+                 kv_dtype: torch.dtype, custom_mask: bool = False) -> str | None:
+    """Why FlashInfer's ``kernel`` ("decode", "decode_tc" or "prefill") on kernel ``family`` ("fa2" or "fa3")
+    cannot serve a plan of this head dim, GQA ``group`` (query heads per KV head), query and KV dtypes and mask, or
+    None when it can. Every limit that applies is named, "; "-separated (this module's docstring lists them and
+    where FlashInfer sets them). ValueError for an unknown kernel or family."""
+    return "; ".join(_limits(kernel, family, head_dim, group, q_dtype, kv_dtype, custom_mask)) or None
+
+
+def model_limit(*, head_dim: int, num_qo_heads: int, num_kv_heads: int, q_dtype: torch.dtype,
+                kv_dtype: torch.dtype) -> str | None:
+    """Why FlashInfer cannot serve every forward of a model with this attention geometry (fa2's prefill kernel for
+    prompts, verify windows and token-tree masks; the decode kernel :func:`decode_kernel` picks; fa3 is only ever
+    taken where it can serve), or None when it can. The reasons are named as :func:`kernel_limit` names them.
+    ValueError when the heads do not form GQA groups."""
+    if num_qo_heads < 1 or num_kv_heads < 1 or num_qo_heads % num_kv_heads:
+        raise ValueError(f"num_qo_heads {num_qo_heads} must be a positive multiple of num_kv_heads {num_kv_heads}")
+    group = num_qo_heads // num_kv_heads
+    out: list[str] = []
+    for kernel in ("prefill", decode_kernel(group, kv_dtype)):
+        out += [r for r in _limits(kernel, "fa2", head_dim, group, q_dtype, kv_dtype, False) if r not in out]
+    return "; ".join(out) or None
 
 
 def rows_without_keys(kv_lens: np.ndarray, qo_indptr: np.ndarray | None, causal: bool) -> np.ndarray:
@@ -145,11 +242,12 @@ def compute_capability(device: torch.device) -> tuple[int, int] | None:
 
 
 def default_kernel_backend(kernel: str, capability: tuple[int, int] | None, q_dtype: torch.dtype,
-                           kv_dtype: torch.dtype) -> str:
+                           kv_dtype: torch.dtype, head_dim: int, *, custom_mask: bool = False) -> str:
     """FlashInfer's ``backend`` for ``kernel`` on a GPU of ``capability``: "fa3" for the prefill wrapper on Hopper
-    with matching query and KV dtypes (fa3 has no mixed FP8 KV), "fa2" otherwise (decode is memory-bound; fa2 serves
-    every GPU)."""
-    if kernel == "prefill" and capability is not None and capability[0] == FA3_MAJOR and q_dtype == kv_dtype:
+    when fa3 can serve the plan (:func:`kernel_limit`: matching query and KV dtypes, head dim 64/128/256, no custom
+    mask), "fa2" otherwise (decode is memory-bound; fa2 serves every GPU and has custom masks)."""
+    if (kernel == "prefill" and capability is not None and capability[0] == FA3_MAJOR
+            and not _limits("prefill", "fa3", head_dim, 1, q_dtype, kv_dtype, custom_mask)):
         return "fa3"
     return "fa2"
 
@@ -271,7 +369,10 @@ class FlashInferBackend:
     (``consume_verify_graph_meta_realloc()``; ``is_bound_to`` turns False), drop the graph and this backend.
 
     ``use_tensor_cores`` (decode) None means SGLang's rule: Hq/Hkv >= 4 or FP8 KV. ``kernel_backend`` is FlashInfer's
-    ``backend`` argument; None chooses by compute capability (:func:`default_kernel_backend`)."""
+    ``backend`` argument for the prefill plans without a custom mask, "fa2" or "fa3" (ValueError otherwise); None
+    chooses by compute capability (:func:`default_kernel_backend`); decode and custom-mask plans always take fa2. A
+    plan beyond the kernels' limits (:func:`kernel_limit`) runs on the reference in eager mode and is a ValueError in
+    graph mode."""
 
     name = "flashinfer"
 
@@ -283,6 +384,8 @@ class FlashInferBackend:
         self.device = _canonical(device)
         self.use_cuda_graph = bool(use_cuda_graph)
         self.use_tensor_cores = use_tensor_cores
+        if kernel_backend is not None and kernel_backend not in KERNEL_FAMILIES:
+            raise ValueError(f"kernel_backend must be None or one of {KERNEL_FAMILIES}, got {kernel_backend!r}")
         self.kernel_backend = kernel_backend
         self._fixed_qo_host: np.ndarray | None = None  # host copy of fixed_qo_indptr (the pool never rewrites it)
         if self.use_cuda_graph:
@@ -340,9 +443,10 @@ class FlashInferBackend:
         """Plan the kernel for one forward; every layer's ``run`` shares it. Decode when ``qo_indptr`` is None (one
         query per row); otherwise ragged prefill / verify with ``qo_indptr`` ``[B+1]`` (an integer tensor; int32 is
         used as is) and the bottom-right causal mask when ``causal``, or ``custom_mask`` (FlashInfer's prefill
-        ``custom_mask``: each row's ``[qo_len, kv_len]`` block, row-major, concatenated; a token-tree window). Reads the CSR on the host: never call it
-        inside CUDA-graph capture. ValueError on a malformed CSR, a head count that is not a multiple, or (graph
-        mode) a shape other than the captured one."""
+        ``custom_mask``: each row's ``[qo_len, kv_len]`` block, row-major, concatenated; a token-tree window, planned
+        on fa2). Reads the CSR on the host: never call it inside CUDA-graph capture. A plan beyond the kernels'
+        limits (:func:`kernel_limit`) runs on the reference. ValueError on a malformed CSR, a head count that is not
+        a multiple, or (graph mode) a shape other than the captured one or one beyond the kernels' limits."""
         hq = _as_positive_int(num_qo_heads, "num_qo_heads")
         hkv = _as_positive_int(num_kv_heads, "num_kv_heads")
         d = _as_positive_int(head_dim, "head_dim")
@@ -385,17 +489,15 @@ class FlashInferBackend:
         total_q = batch if qo_host is None else int(qo_host[-1])
         blind = rows_without_keys(kv_lens, qo_host, causal)
 
-        if qo_indptr is None:
-            tensor_cores = self.use_tensor_cores
-            if tensor_cores is None:
-                tensor_cores = hq // hkv >= TENSOR_CORE_MIN_GROUP or kv_dtype in FP8_DTYPES
-            kernel = "decode_tc" if tensor_cores else "decode"
-        else:
-            kernel = "prefill"
-        if not kernel_supports(q_dtype, kv_dtype):
+        kernel = "prefill" if qo_indptr is not None else decode_kernel(hq // hkv, kv_dtype, self.use_tensor_cores)
+        masked = custom_mask is not None
+        family = self._kernel_backend(kernel, q_dtype, kv_dtype, d, masked)
+        limit = kernel_limit(kernel, family, head_dim=d, group=hq // hkv, q_dtype=q_dtype, kv_dtype=kv_dtype,
+                             custom_mask=masked)
+        if limit is not None:
             if self.use_cuda_graph:
-                raise ValueError(f"FlashInfer has no kernel for q {q_dtype} with KV {kv_dtype} (fp16/bf16 queries, "
-                                 f"KV of the same dtype or FP8); graph mode cannot fall back to the reference")
+                raise ValueError(f"FlashInfer cannot serve this plan: {limit}; graph mode cannot fall back to the "
+                                 f"reference")
             kernel = "reference"
         if self.use_cuda_graph:
             if len(blind):
@@ -410,16 +512,19 @@ class FlashInferBackend:
             self._graph_key = key
 
         wrapper: Any  # the FlashInfer wrapper planned for ``kernel``, or a planned ReferenceBackend
-        if kernel in ("decode", "decode_tc", "prefill"):
-            wrapper = self._wrapper(kernel, self._kernel_backend(kernel, q_dtype, kv_dtype))
+        if kernel in KERNELS:
+            wrapper = self._wrapper(kernel, family)
             indptr, indices, last = _plan_csr(meta)
             if kernel == "prefill":
+                assert qo_host is not None
                 extra: dict[str, Any] = {}
-                qo_lens = np.diff(qo_host) if qo_host is not None else np.zeros(0)
+                qo_lens = np.diff(qo_host)
                 if len(qo_lens) and (qo_lens == qo_lens[0]).all() and _accepts_keyword(type(wrapper).plan,
                                                                                         "uniform_q_len"):
                     extra["uniform_q_len"] = int(qo_lens[0])
-                qo_arg = torch.from_numpy(qo_host.astype(np.int32)) if qo_host is not None else qo_indptr
+                # on the device of the CSR's indptr and last_page_len: a custom mask's plan does arithmetic on all
+                # three (FlashInfer's _compute_page_mask_indptr)
+                qo_arg = torch.from_numpy(qo_host.astype(np.int32)).to(indptr.device)
                 if custom_mask is not None:
                     extra["custom_mask"] = custom_mask.to(self.device, torch.bool)
                     extra.pop("uniform_q_len", None)
@@ -481,10 +586,15 @@ class FlashInferBackend:
         return result
 
     # ------------------------------------------------------------------ wrappers
-    def _kernel_backend(self, kernel: str, q_dtype: torch.dtype, kv_dtype: torch.dtype) -> str:
+    def _kernel_backend(self, kernel: str, q_dtype: torch.dtype, kv_dtype: torch.dtype, head_dim: int,
+                        custom_mask: bool) -> str:
+        """The kernel family of a plan: fa2 for decode and for a custom mask (fa3 has none), else the forced one,
+        else :func:`default_kernel_backend`."""
+        if custom_mask or kernel != "prefill":
+            return "fa2"
         if self.kernel_backend is not None:
             return self.kernel_backend
-        return default_kernel_backend(kernel, self._capability, q_dtype, kv_dtype)
+        return default_kernel_backend(kernel, self._capability, q_dtype, kv_dtype, head_dim)
 
     def _wrapper(self, kernel: str, backend: str) -> Any:
         """The FlashInfer wrapper for ``kernel`` on kernel family ``backend``, made on first use (graph mode: on the

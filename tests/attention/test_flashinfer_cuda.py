@@ -1,9 +1,10 @@
 """FlashInfer against the reference on a real pool's CSR, and CUDA-graph capture and replay (GPU only).
 
 Every test is marked ``cuda`` and skipped unless CUDA and flashinfer are both available; ``scripts/gpu_check.sh``
-runs them on a GPU machine. Head dim 128 and a small set of dtype/option combinations keep FlashInfer's JIT builds
-to eight modules (``scripts/gpu_check.sh`` builds exactly these first): CUDA-core decode fp16 and bf16; the fa2
-prefill kernel (also tensor-core decode) fp16, bf16, fp16 with a soft cap, and bf16 queries over FP8 KV; and, on
+runs them on a GPU machine (the token-tree case in its token-tree step). Head dim 128 and a small set of
+dtype/option combinations keep FlashInfer's JIT builds to eight modules (``scripts/gpu_check.sh`` builds exactly
+these first): CUDA-core decode fp16 and bf16; the fa2 prefill kernel (also tensor-core decode, and every
+custom-mask plan: fa3 has no custom masks) fp16, bf16, fp16 with a soft cap, and bf16 queries over FP8 KV; and, on
 Hopper, where the prefill wrapper takes fa3, fa3 prefill fp16 and bf16 (the soft-cap test forces fa2).
 
 Pages are handed out in a shuffled order, so rows are scattered over the cache and a kernel that ignored
@@ -188,7 +189,8 @@ def test_verify_windows_match_reference(window: int) -> None:
 
 def test_token_tree_masks_match_reference() -> None:
     """Token-tree verify windows: FlashInfer's prefill with ``custom_mask`` (ancestors only, RoPE aside) against
-    the reference under the same mask, ragged contexts."""
+    the reference under the same mask, ragged contexts; ``qo_indptr`` and the CSR on the device (FlashInfer's mask
+    plan does arithmetic on both) and, on Hopper, fa2 (fa3 has no custom masks)."""
     from smile_llm.model.draft_tree import DraftTree, window_mask
 
     parents = np.array([[0, 0, 1, 1, 2, 0, 4], [0, 1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 2, 3, 3]])

@@ -23,7 +23,7 @@ from ..flashinfer_fake import FakeFlashInfer, FakeGraphCapture, install
 
 CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 97, "hidden_size": 64,
           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "head_dim": 16, "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+          "head_dim": 64, "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
           "tie_word_embeddings": True}
 PROMPTS = [[5, 17, 3, 44, 9, 60, 2], [71, 8, 30, 30, 11]]  # ragged: the rows decode at different positions
 
@@ -45,7 +45,7 @@ class Twin:
     def __init__(self, model: Transformer, page_size: int, kv_dtype: torch.dtype = torch.bfloat16,
                  scales: tuple[float, float] = (1.0, 1.0), max_batch: int = 4, max_buckets: int = 16) -> None:
         self.model = model
-        self.pools = [KvCachePool(2, 512, 2, 16, page_size, "cpu", kv_dtype, k_scale=scales[0], v_scale=scales[1])
+        self.pools = [KvCachePool(2, 512, 2, 64, page_size, "cpu", kv_dtype, k_scale=scales[0], v_scale=scales[1])
                       for _ in range(2)]
         for p in self.pools:
             p.prefix_reuse_enabled = False
@@ -184,7 +184,7 @@ def test_the_graph_csr_is_never_overwritten_by_a_foreign_plan(fake: type[FakeFla
     before = csr.indices.clone(), csr.indptr.clone(), csr.last_page_len.clone()
     backend = twin.decode.buckets[(2, 1)].backend
     with pytest.raises(ValueError, match="FlashInfer would copy another one over it"):
-        backend.plan(pool.build_flashinfer_metadata(3), num_qo_heads=4, num_kv_heads=2, head_dim=16,
+        backend.plan(pool.build_flashinfer_metadata(3), num_qo_heads=4, num_kv_heads=2, head_dim=64,
                      q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16)
     assert all(torch.equal(a, b) for a, b in zip(before, (csr.indices, csr.indptr, csr.last_page_len)))
 

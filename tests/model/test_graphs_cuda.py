@@ -57,6 +57,7 @@ def load(model_dir, graphs=True, max_batch_size=4):
                                        max_batch_size=max_batch_size, max_seq_len=256, cuda_graphs=graphs,
                                        mem_fraction=0.5)
     _live.append(lm)
+    assert lm.backend.name == "flashinfer"  # head dim 128, bf16: within FlashInfer's kernels, so no fallback
     return lm
 
 
