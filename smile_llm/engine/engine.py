@@ -71,8 +71,9 @@ class InferenceEngine:
                cancel: Callable[[], bool] | None = None, on_round: Callable[[Any], None] | None = None
                ) -> RequestHandle | SampleGroup:
         """Validate and queue a request; returns its handle at once (a ``SampleGroup`` of the samples for
-        ``params.n > 1``). ValueError/TypeError for bad input (naming the field, nothing bound), EngineShutdownError
-        after ``shutdown``."""
+        ``params.n > 1``). ``listener``: a ``GenerationListener``, or a plain callable that receives each text chunk.
+        ValueError/TypeError for bad input (naming the field, nothing bound), EngineShutdownError after
+        ``shutdown``."""
         request = Request.create(self.model, prompt, params, listener=listener, cancel=cancel, on_round=on_round)
         with self._lock:
             if self._closed:
@@ -106,7 +107,11 @@ class InferenceEngine:
         """Stop accepting requests and detach from the model. With ``cancel_pending`` (or without a serving
         thread) the engine's queued and running requests are cancelled (KV released); otherwise ``wait`` blocks
         until they finish (not from a listener, where it returns at once). The model's ``generate`` keeps working;
-        the scheduler's batch size and prefill budget return to their defaults. Idempotent."""
+        the scheduler's batch size and prefill budget return to their defaults. Idempotent.
+
+        Requests the engine did not submit (a ``stream`` of the model, another thread's ``submit``) are not the
+        engine's to end: once its serving thread stops, a driver that stops when idle
+        (``Server.serve_until_idle``) finishes them, so every caller still gets its result."""
         with self._lock:
             if self._closed:
                 return
@@ -119,7 +124,10 @@ class InferenceEngine:
         elif wait and not self.server.in_step():
             for h in handles:
                 h.exception()
-        self.server.stop_thread(wait=wait and not self.server.in_step(), when_idle=not wait and not cancel_pending)
+        when_idle = not wait and not cancel_pending  # the serving thread itself finishes what is left
+        self.server.stop_thread(wait=wait and not self.server.in_step(), when_idle=when_idle)
+        if not when_idle and self.server.has_work():
+            self.server.serve_until_idle()  # other callers' requests keep advancing without the engine's thread
         sched = self.server.scheduler
         sched.max_running, sched.prefill_tokens_per_step = DEFAULT_MAX_RUNNING, PREFILL_CHUNK
         if self.model.serving_engine is self:

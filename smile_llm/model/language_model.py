@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import warnings
 from dataclasses import replace
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast, overload
 
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .. import env
-from ..attention.backend import AttentionBackend, companion_backend, select_backend
+from ..attention.backend import AttentionBackend, AttentionShape, companion_backend, select_backend
 from ..cache import KvCacheLayout, KvCachePool, StatePool
 from ..cache.tokens import as_int_array
 from ..distributed.group import TensorParallel, init_tensor_parallel
@@ -31,19 +31,21 @@ from .decoder import Decoder
 from .draft_chain import DraftChain
 from .draft_policy import DraftPolicy
 from .drafters import Drafter, build_drafter
-from .request import GenerationCancelled, Request, RequestHandle, SamplingParams
+from .request import (SAMPLING_FIELDS, GenerationCancelled, Request, RequestHandle, RequestTypeError, SamplingParams,
+                      check_keywords, check_prompt)
 from .samples import SampleGroup
 from . import streaming
 from .sequence import Completion
-from .streaming import StreamChunk
+from .streaming import StreamChunk, TokenStream
 from .server import Server
 from .state_step import state_specs
 from .tokenizer import Tokenizer, load_tokenizer
 from .transformer import Transformer
-from .chat import CONFIG_FILE, TEMPLATE_FILE, ChatTemplate
-from .hybrid_layout import check_hybrid_checkpoint, to_module_names
+from .chat import CONFIG_FILE, TEMPLATE_FILE, ChatTemplate, check_template_kwargs
+from .checkpoint_checks import check_checkpoint
+from .hybrid_layout import to_module_names
 from .sharding import check_shardable, local_config, read_sharded_checkpoint
-from .weights import checkpoint_shapes, load_into, read_checkpoint
+from .weights import load_into, read_checkpoint
 
 __all__ = ["Completion", "GenerationCancelled", "LanguageModel"]
 
@@ -88,6 +90,10 @@ class LanguageModel:
                         kv_scales: tuple[float, float] | None = None) -> LanguageModel:
         """Load ``config.json``, ``*.safetensors`` (sharded too) and the tokenizer from ``path``; size a KV pool
         for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's context, at most 4096).
+        Nothing in ``path`` is trusted: every config field, the shard index and every safetensors header are checked,
+        and the tensors' names and shapes compared with the config, before anything is allocated
+        (``checkpoint_checks``); ConfigError, CheckpointError or TokenizerError (ValueErrors of ``errors``) name the
+        file and the field or tensor otherwise.
         ``cuda_graphs``: replay decode and verify forwards from CUDA graphs on CUDA with FlashInfer (no effect
         elsewhere; ``SMILE_CUDA_GRAPHS=0`` also turns them off). ``draft_kv`` (MTP models): "history" keeps each
         request's draft KV over its whole context (the default), "per_round" drafts context-free each round.
@@ -113,6 +119,8 @@ class LanguageModel:
         ``benchmarks/kv_dtype.py``). ValueError for another name, or scales without FP8."""
         folder = Path(path)
         config = ModelConfig.from_pretrained(folder)
+        # every header checked and every tensor's name and shape against the config, before anything is allocated
+        check_checkpoint(config, folder)
         device = torch.device(device)
         if isinstance(tensor_parallel, int) and not isinstance(tensor_parallel, bool) and tensor_parallel > 1:
             check_shardable(config, tensor_parallel)  # before joining any process group
@@ -122,8 +130,6 @@ class LanguageModel:
         hybrid = config.is_hybrid
         for note in config.notes:
             warnings.warn(note, stacklevel=2)
-        if hybrid:  # every tensor's name and shape against the config, from the headers, before loading anything
-            check_hybrid_checkpoint(config, checkpoint_shapes(folder))
         transformer = Transformer(local, tp, vocab_size=config.vocab_size)
         raw = read_checkpoint(folder) if tp.size == 1 else read_sharded_checkpoint(folder, config, tp)
         tensors = to_module_names(raw, config)  # a multimodal checkpoint: its text model's
@@ -154,8 +160,12 @@ class LanguageModel:
                     pool.set_kv_scales(*kv_scales)
         if states is not None:
             pool.attach_state(states)  # a prefix hit then ends at a node with a state snapshot, restored on bind
-        lm = cls(config, transformer, tokenizer, pool, select_backend(device), seq,
-                 cuda_graphs=cuda_graphs and not hybrid and tp.size == 1, draft_kv=draft_kv, drafter=drafter)
+        # per model: the reference (one warning naming the reason) where FlashInfer's kernels cannot serve it
+        backend = select_backend(device, shape=AttentionShape(config.head_dim, local.num_attention_heads,
+                                                              local.num_key_value_heads, dtype, storage))
+        lm = cls(config, transformer, tokenizer, pool, backend, seq,
+                 cuda_graphs=cuda_graphs and not hybrid and tp.size == 1 and backend.name == "flashinfer",
+                 draft_kv=draft_kv, drafter=drafter)
         lm.speculative_max_batch = speculative_max_batch
         lm.chat_template, lm.folder = chat_template, folder
         if tp.size > 1:
@@ -346,9 +356,14 @@ class LanguageModel:
         ``listener``. ``logprobs``: True for the chosen tokens' logprobs, an int k in [1, 20] for the k most
         likely alternatives too (``Completion.top_logprobs``). ``options``: ``top_k``, ``min_p``,
         ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``min_new_tokens``,
-        ``prompt_logprobs``, ``draft_tree`` (see ``SamplingParams``); speculation stays lossless with them."""
+        ``prompt_logprobs``, ``draft_tree`` (see ``SamplingParams``); speculation stays lossless with them.
+
+        ``prompt``: a str or a sequence of int token ids (RequestTypeError, naming ``prompt``, for bytes, a lone int
+        or a nested list). ``listener``: a ``GenerationListener``, or a plain callable (``print``, a lambda) that
+        receives each text chunk. A misspelled keyword raises RequestTypeError (a TypeError) suggesting the closest
+        name and listing every accepted one. A temperature below 1e-5 is greedy (``sampling.GREEDY_TEMPERATURE``)."""
         params = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
-                                draft_sampling, n=n, **_option_fields(options))
+                                draft_sampling, n=n, **_option_fields(options, "generate()", GENERATE_KEYWORDS))
         return self.submit(prompt, params, listener=listener, cancel=cancel, on_round=on_round).result()
 
     def encode_chat(self, messages: Sequence[Any], add_generation_prompt: bool = True,
@@ -377,10 +392,12 @@ class LanguageModel:
              **generate_kwargs: Any) -> Completion | list[Completion]:
         """``generate`` on ``encode_chat(messages, add_generation_prompt=True, tools=tools,
         **chat_template_kwargs)``: the assistant's next turn (a list of ``n`` candidate turns for ``n > 1``).
+        ``chat_template_kwargs``: a dict of template variables (RequestTypeError naming it otherwise).
         ``generate_kwargs`` are ``generate``'s (sampling, listener, stop, speculative_tokens, ...). A conversation
         that grows turn by turn reuses the earlier turns' KV through the prefix cache. Errors as ``encode_chat`` and
-        ``generate``."""
-        template_vars = dict(chat_template_kwargs or {})
+        ``generate`` (a misspelled keyword is refused before the conversation is rendered)."""
+        check_keywords(generate_kwargs, CHAT_KEYWORDS, "chat()")
+        template_vars = check_template_kwargs(chat_template_kwargs)
         if "tools" in template_vars:  # given among the template's variables, as transformers allows
             if tools is not None:
                 raise ValueError("tools given twice: as chat(tools=...) and in chat_template_kwargs; give it once")
@@ -389,11 +406,15 @@ class LanguageModel:
         return self.generate(ids, max_new_tokens, n=n, **generate_kwargs)
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, **generate_kwargs: Any
-               ) -> Iterator[StreamChunk]:
+               ) -> TokenStream:
         """``generate`` as an iterator of ``StreamChunk`` (new text and token ids) while the tokens are accepted; the
-        model advances on a background driver meanwhile. Leaving the loop early cancels the request and releases
-        its KV. ``generate_kwargs`` as ``generate``'s (not ``listener`` or ``on_round``); bad input raises at the
-        call, before anything is queued; the request's own error is raised by the iteration."""
+        model advances on a background driver meanwhile (``streaming`` module). ``generate_kwargs`` as
+        ``generate``'s (not ``listener`` or ``on_round``); bad input raises at the call, before anything is queued;
+        the request's own error is raised by the iteration, and every stream ends in bounded time (after an
+        engine's shutdown too). ``close()`` (or leaving ``with lm.stream(...) as chunks:``) cancels the request and
+        releases its KV; so does leaving a loop over an iterator nothing else holds, dropping the iterator, or
+        interpreter exit. A ``break`` out of a loop over a held iterator leaves the request running until it
+        finishes or the iterator is closed or dropped."""
         submit = self._stream_submit(prompt, max_new_tokens, generate_kwargs)
         return streaming.stream(submit, self.server.serve_until_idle)
 
@@ -408,6 +429,7 @@ class LanguageModel:
                        kwargs: dict[str, Any]) -> Callable[[Any], RequestHandle]:
         """Validate now (a bad field raises here, nothing queued) and return how to queue that one request with the
         stream's listener."""
+        check_keywords(kwargs, STREAM_KEYWORDS, "stream()")
         fields = dict(kwargs)
         cancel = fields.pop("cancel", None)
         request = Request.create(self, prompt, SamplingParams(max_new_tokens, **fields), cancel=cancel)
@@ -424,11 +446,17 @@ class LanguageModel:
         with seed ``seed + i`` (when seed is nonzero). Greedy results equal ``generate`` on each prompt. ``n > 1``:
         ``n`` samples per prompt, prompt after prompt (``len(prompts) * n`` Completions, as HF's
         ``num_return_sequences``). Every prompt is validated before any is queued; if one request fails, the
-        others are cancelled and its error is raised."""
+        others are cancelled and its error is raised. ``prompts`` is a list (or other iterable) of prompts, each a
+        str or a sequence of token ids; RequestTypeError for a lone str or bytes (not one prompt per character) or
+        a prompt of another kind (naming ``prompts[i]``)."""
+        if isinstance(prompts, (str, bytes, bytearray)) or not isinstance(prompts, Iterable):
+            raise RequestTypeError(f"prompts must be a list of prompts (each a str or a sequence of int token ids), "
+                                   f"got {type(prompts).__name__}: for one prompt give [prompt] or call generate()")
         base = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
-                              draft_sampling, n=n, **_option_fields(options))
+                              draft_sampling, n=n, **_option_fields(options, "generate_batch()", BATCH_KEYWORDS))
         requests = []
         for i, p in enumerate(prompts):
+            check_prompt(p, f"prompts[{i}]")
             row_seed = ((seed + i) % (1 << 64) or (1 << 62)) if seed else 0  # nonzero seeds stay nonzero per row
             requests.append(Request.create(self, p, replace(base, seed=row_seed)))
         handles = [self.server.submit(r) for r in requests]
@@ -469,13 +497,18 @@ class LanguageModel:
 
 OPTION_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
                  "min_new_tokens", "prompt_logprobs", "draft_tree")
+# every keyword each call accepts, as its errors list them
+BATCH_KEYWORDS = SAMPLING_FIELDS
+STREAM_KEYWORDS = SAMPLING_FIELDS + ("cancel",)
+GENERATE_KEYWORDS = SAMPLING_FIELDS + ("listener", "cancel", "on_round")
+CHAT_KEYWORDS = GENERATE_KEYWORDS + ("tools", "chat_template_kwargs")
 
 
-def _option_fields(given: dict[str, Any]) -> dict[str, Any]:
-    """``given`` if it names only ``SamplingParams``' option fields; TypeError naming the first other one."""
-    unknown = [k for k in given if k not in OPTION_FIELDS]
-    if unknown:
-        raise TypeError(f"unexpected keyword argument {unknown[0]!r}; sampling options are {OPTION_FIELDS}")
+def _option_fields(given: dict[str, Any], call: str, accepted: tuple[str, ...]) -> dict[str, Any]:
+    """``given`` (the keywords ``call`` did not name in its signature) if it holds only ``SamplingParams``' option
+    fields; RequestTypeError (a TypeError) for another name, suggesting the closest of ``accepted`` and listing
+    them all."""
+    check_keywords([k for k in given if k not in OPTION_FIELDS], accepted, call)
     return given
 
 

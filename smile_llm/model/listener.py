@@ -1,8 +1,12 @@
 """GenerationListener: optional callbacks of one generate() call, in Smile's order: ``on_input_tokens`` and
 ``on_cached_input_tokens`` once after binding, then ``on_generated_tokens`` and ``on_text`` (never empty) as tokens
-come. ``on_thinking_tokens`` is reserved."""
+come. ``on_thinking_tokens`` is reserved. A plain callable given as a listener (``listener=print``, a lambda)
+receives the text chunks: ``Request.create`` wraps it in a ``TextCallback``."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 
 
@@ -33,3 +37,20 @@ class GenerationListener:
         """Called with each new piece of decoded text (never empty; a UTF-8 character is never split)."""
         ...
 
+
+LISTENER_EVENTS = ("on_input_tokens", "on_cached_input_tokens", "on_generated_tokens", "on_thinking_tokens",
+                   "on_token", "on_text")  # an object with any of these is a listener
+
+
+class TextCallback(GenerationListener):
+    """A listener that hands each text chunk to ``fn`` (``fn(chunk)``, like ``on_text``); what ``fn`` returns is
+    ignored, and what it raises fails its request alone (as from any listener)."""
+
+    def __init__(self, fn: Callable[[str], Any]) -> None:
+        self.fn = fn
+
+    def on_text(self, chunk: str) -> None:
+        self.fn(chunk)
+
+    def __repr__(self) -> str:
+        return f"TextCallback({self.fn!r})"

@@ -5,19 +5,26 @@ Every caller (``generate``, ``generate_batch``, ``InferenceEngine.submit``, the 
 ``Request.create``, the one place where a prompt and its parameters become a request: the prompt is encoded and
 checked against the vocabulary, the stops are resolved, the new-token limit is clamped to ``max_seq_len`` and the
 draft count is resolved. A bad field raises ValueError or TypeError naming the field, before anything is bound.
+The argument checks the callers share live here too: ``check_prompt`` (what a prompt may be), ``check_keywords``
+(every accepted keyword named, the closest suggested) and ``as_listener`` (a plain callable receives the text).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
+import numbers
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from .config import MAX_SPECULATIVE_TOKENS
 from .draft_tree import MAX_BRANCHING, MAX_TREE_NODES
+from .listener import LISTENER_EVENTS, TextCallback
 from .logits_processing import LogitsProcessing
+from .sampling import GREEDY_TEMPERATURE
 
 if TYPE_CHECKING:
     from .language_model import LanguageModel
@@ -53,9 +60,75 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+PROMPT_KINDS = "a str or a sequence of int token ids"
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def check_prompt(prompt: Any, name: str = "prompt") -> None:
+    """RequestTypeError naming ``name`` unless ``prompt`` is a str or a flat sequence of token ids: a list or tuple
+    of ints, a 1-D integer numpy array or torch tensor, or another iterable of ints. Bytes, a lone int, None, a
+    mapping or set, a nested list and an array of another rank are refused with what is accepted; the ids
+    themselves (range, vocabulary, emptiness) are checked by ``LanguageModel.encode``."""
+    if isinstance(prompt, str):
+        return
+    kind = type(prompt).__name__
+    if isinstance(prompt, (bytes, bytearray, memoryview)):
+        raise RequestTypeError(f"{name} must be {PROMPT_KINDS}, got {kind} {_short(prompt)}: decode bytes to a str "
+                               f"first (e.g. {name}.decode('utf-8'))")
+    shape = getattr(prompt, "shape", None)
+    if shape is not None and isinstance(getattr(prompt, "ndim", None), int) and prompt.ndim != 1:
+        raise RequestTypeError(f"{name} must be {PROMPT_KINDS}, got a {prompt.ndim}-D {kind} of shape "
+                               f"{tuple(shape)}; give one 1-D sequence of ids per prompt")
+    if isinstance(prompt, (dict, set, frozenset)) or not isinstance(prompt, Iterable):
+        hint = f"; for a single token id give [{prompt!r}]" if isinstance(prompt, numbers.Integral) else ""
+        raise RequestTypeError(f"{name} must be {PROMPT_KINDS}, got {kind} {_short(prompt)}{hint}")
+    if isinstance(prompt, (list, tuple)):
+        for i, item in enumerate(prompt):
+            if isinstance(item, bool) or not isinstance(item, numbers.Integral):
+                hint = ("; a list of prompts goes to generate_batch" if isinstance(item, (str, list, tuple))
+                        else "")
+                raise RequestTypeError(f"{name} must be {PROMPT_KINDS}; {name}[{i}] is {type(item).__name__} "
+                                       f"{_short(item)}{hint}")
+
+
+def check_keywords(given: Iterable[str], accepted: Seq[str], call: str) -> None:
+    """RequestTypeError (a TypeError, as Python's own) for the first name in ``given`` that is not in ``accepted``:
+    the message names it, suggests the closest accepted name (``difflib``) and lists every name ``call`` accepts."""
+    for name in given:
+        if name not in accepted:
+            close = difflib.get_close_matches(name, accepted, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ";"
+            raise RequestTypeError(f"{call} got an unexpected keyword argument {name!r}{hint} {call} accepts "
+                                   f"{', '.join(accepted)}")
+
+
+def as_listener(listener: Any) -> Any:
+    """The listener a request calls: None; an object with any ``GenerationListener`` method (``LISTENER_EVENTS``),
+    as it is; a plain callable (``print``, a lambda, a bound method), wrapped in a ``TextCallback`` so that it
+    receives each text chunk (``on_text``). RequestTypeError naming ``listener`` for anything else, and for a
+    listener class given instead of an instance."""
+    if listener is None:
+        return None
+    if isinstance(listener, type):
+        raise RequestTypeError(f"listener must be a GenerationListener instance or a callable taking each text "
+                               f"chunk, got the class {listener.__name__}; pass {listener.__name__}()")
+    if any(callable(getattr(listener, event, None)) for event in LISTENER_EVENTS):
+        return listener
+    if callable(listener):
+        return TextCallback(listener)
+    raise RequestTypeError(f"listener must be a GenerationListener (an object with any of {', '.join(LISTENER_EVENTS)}"
+                           f") or a callable taking each text chunk, got {type(listener).__name__} "
+                           f"{_short(listener)}")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request settings: greedy at ``temperature`` 0, nucleus sampling (``top_p``) otherwise; ``seed`` 0 is
+    """Per-request settings: greedy at ``temperature`` 0, nucleus sampling (``top_p``) otherwise (a temperature
+    below ``GREEDY_TEMPERATURE``, 1e-5 as in vLLM, is greedy and stored as 0.0); ``seed`` 0 is
     nondeterministic, any other seed in [-2**63, 2**64) reproducible (a negative seed is read as the unsigned
     64-bit value of the same bits, as a Java ``long``); ``speculative_tokens="auto"``: the model's draft policy
     (``LanguageModel.draft_policy``, ``draft_policy`` module) chooses the drafts of every round, up to 7; ``logprobs``: True (or 0) returns the chosen tokens'
@@ -103,6 +176,8 @@ class SamplingParams:
             raise RequestTypeError(f"temperature must be a number, got {self.temperature!r}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if self.temperature < GREEDY_TEMPERATURE:  # greedy: dividing by it would overflow (1e-300 is 0 in float32)
+            object.__setattr__(self, "temperature", 0.0)
         if not _is_number(self.top_p):
             raise RequestTypeError(f"top_p must be a number, got {self.top_p!r}")
         if not 0.0 < self.top_p <= 1.0:
@@ -218,6 +293,9 @@ class SamplingParams:
         return [self.stop]
 
 
+SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams))
+
+
 @dataclass(frozen=True)
 class Request:
     """A validated request, ready for the scheduler: prompt ids, settings, the new-token ``limit`` (clamped so that
@@ -242,7 +320,9 @@ class Request:
         """Validate and resolve one request for ``model``. ValueError/TypeError naming the field: an empty prompt or
         a token outside the vocabulary (``prompt``), a prompt longer than ``max_seq_len``, a stop id outside the
         vocabulary (``stop``), ``params`` not a SamplingParams, ``cancel``/``on_round`` not callable, a ``listener``
-        with ``n > 1``."""
+        with ``n > 1``, a prompt that is neither a str nor a sequence of token ids (``check_prompt``), a listener
+        that is neither a GenerationListener nor a callable (``as_listener``: a plain callable receives the text
+        chunks)."""
         if params is None:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
@@ -251,9 +331,11 @@ class Request:
         for name, hook in (("cancel", cancel), ("on_round", on_round)):
             if hook is not None and not callable(hook):
                 raise RequestTypeError(f"{name} must be None or a callable, got {hook!r}")
+        listener = as_listener(listener)
         if listener is not None and params.n > 1:
             raise ValueError(f"listener: a request for n={params.n} samples returns them together and takes no "
                              f"listener; listen to (or stream) one sample at a time with n=1")
+        check_prompt(prompt)
         ids = model.encode(prompt)
         if len(ids) > model.max_seq_len:
             raise ValueError(f"prompt of {len(ids)} tokens exceeds max_seq_len {model.max_seq_len}; shorten it or "

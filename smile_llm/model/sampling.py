@@ -1,6 +1,6 @@
-"""Next-token sampling: greedy at temperature 0, otherwise temperature-scaled sampling with top-k, nucleus (top-p)
-and min-p from a seeded generator; logprobs (of the chosen token, and the most likely alternatives) under the
-model's raw distribution (before the request's processors and temperature)."""
+"""Next-token sampling: greedy at temperature 0 (and below ``GREEDY_TEMPERATURE``), otherwise temperature-scaled
+sampling with top-k, nucleus (top-p) and min-p from a seeded generator; logprobs (of the chosen token, and the most
+likely alternatives) under the model's raw distribution (before the request's processors and temperature)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import os
 import torch
 
 MASK64 = (1 << 64) - 1
+# A temperature below this is greedy (vLLM's _SAMPLING_EPS): dividing logits by it would overflow float32 (a
+# temperature of 1e-300 is 0 in float32, giving NaN probabilities), and the distribution is one-hot long before.
+GREEDY_TEMPERATURE = 1e-5
 
 
 class PositionalRng:
@@ -47,8 +50,11 @@ def probabilities(logits: torch.Tensor, temperature: float, top_p: float, top_k:
     """The distribution sampling draws from, with Hugging Face's warpers in their order: ``softmax(logits /
     temperature)`` over the ``top_k`` largest logits (0: all; ties with the k-th kept), restricted to the smallest
     set of most likely tokens whose mass reaches ``top_p``, then without tokens less likely than ``min_p`` times the
-    most likely one (not renormalised; ``draw`` does not need it). ``temperature`` must be > 0.
-    ``[..., V]`` -> ``[..., V]``."""
+    most likely one (not renormalised; ``draw`` does not need it). A ``temperature`` below ``GREEDY_TEMPERATURE``
+    puts all the mass on the argmax (greedy). ``[..., V]`` -> ``[..., V]``."""
+    if temperature < GREEDY_TEMPERATURE:
+        first = logits.argmax(dim=-1, keepdim=True)
+        return torch.zeros_like(logits).scatter_(-1, first, 1.0)
     # shifted so the largest logit is 0: a tiny temperature sends the others to -inf, never to nan or +inf
     scaled = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if 0 < top_k < scaled.shape[-1]:
@@ -70,8 +76,9 @@ def probabilities(logits: torch.Tensor, temperature: float, top_p: float, top_k:
 def sample(logits: torch.Tensor, temperature: float, top_p: float, uniforms: list[float], top_k: int = 0,
            min_p: float = 0.0) -> torch.Tensor:
     """``logits`` float32 ``[B, V]`` (processed, see ``logits_processing``) -> the chosen tokens, int64 ``[B]``: the
-    argmax at temperature 0, else a draw from ``probabilities`` with row b's uniform ``uniforms[b]`` (``draw``)."""
-    if temperature == 0.0:
+    argmax at a temperature below ``GREEDY_TEMPERATURE`` (0 included), else a draw from ``probabilities`` with row
+    b's uniform ``uniforms[b]`` (``draw``)."""
+    if temperature < GREEDY_TEMPERATURE:
         return logits.argmax(dim=-1)
     return draw(probabilities(logits, temperature, top_p, top_k, min_p), uniforms)
 

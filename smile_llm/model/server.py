@@ -8,14 +8,20 @@ background driver thread, so requests advance while nobody waits. At most one th
 
 Listeners and hooks run on the driver's thread inside a step. From there, ``cancel`` takes effect at the end of the
 step, and waiting on an unfinished request raises RuntimeError at once (it would wait on the very thread that must
-advance it). ``shutdown`` cancels everything pending and refuses new requests.
+advance it). ``shutdown`` ends everything pending with EngineShutdownError and refuses new requests.
+
+At interpreter exit every live server does the same (``release_at_exit``): its background driver is stopped and
+joined and every pending request ends with EngineShutdownError, its KV released, so no thread is inside a forward
+when the interpreter stops its daemon threads (one stopped there aborts the process).
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -27,6 +33,20 @@ if TYPE_CHECKING:
     from .language_model import LanguageModel
 
 IDLE_WAIT_S = 0.5  # how long an idle background driver sleeps between checks for work
+EXIT_WAIT_S = 10.0  # at interpreter exit: the longest wait for the current step to end
+
+_LIVE: weakref.WeakSet[Server] = weakref.WeakSet()  # every server, for the release at interpreter exit
+
+
+def _release_at_exit() -> None:
+    for server in list(_LIVE):
+        try:
+            server.release_at_exit()
+        except Exception:  # noqa: BLE001 - one broken server must not keep the others' threads running at exit
+            pass
+
+
+atexit.register(_release_at_exit)
 
 
 class Server:
@@ -41,11 +61,13 @@ class Server:
         self._stepping: int | None = None  # ident of the thread inside step()
         self._numbers = itertools.count(1)
         self._closed = False
+        self._closed_reason = "the model is closed; load it again to generate"  # what submit says once closed
         self._cancel_waiters = 0  # callers waiting for the step lock: the driver yields to them between steps
-        self._thread: threading.Thread | None = None
-        self._thread_stop = self._stop_when_idle = False
+        self._thread: threading.Thread | None = None  # the background driver; one that is replaced stops
+        self._stop_when_idle = False  # the background driver stops once no request is left
         self._after_step: list[Callable[[], None]] = []  # run once the current step has ended (see defer)
         self.steps = 0
+        _LIVE.add(self)
 
     # ------------------------------------------------------------------ submission
     def submit(self, request: Request) -> RequestHandle | SampleGroup:
@@ -54,7 +76,7 @@ class Server:
         ``shutdown``."""
         with self._cv:
             if self._closed:
-                raise EngineShutdownError("the model is closed; load it again to generate")
+                raise EngineShutdownError(self._closed_reason)
             handles = [RequestHandle(next(self._numbers), r, self) for r in sample_requests(request)]
             self._intake.extend(Job(h) for h in handles)
             self._cv.notify_all()
@@ -191,53 +213,60 @@ class Server:
 
     def serve_until_idle(self) -> None:
         """Make sure queued requests advance without a waiting caller: start a background driver that stops once no
-        request is left, unless a driver thread already runs (an engine's, or an earlier one's)."""
+        request is left, unless a driver thread already runs (an engine's, or an earlier one's). Nothing after
+        ``shutdown``. Cheap and idempotent: a caller that waits for a request nobody else waits on may call it
+        again at any time (a stream does, while no chunk comes)."""
         with self._cv:
+            if self._closed:
+                return
             if self._thread is None or not self._thread.is_alive():
                 self._start_thread_locked()
                 self._stop_when_idle = True
 
     def _start_thread_locked(self) -> None:
-        self._thread_stop = False
-        self._thread = threading.Thread(target=self._serve, name="smile-llm-server", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._serve, name="smile-llm-server", daemon=True)
+        self._thread = thread  # before start: the thread serves while it is the current one
+        thread.start()
 
     def stop_thread(self, wait: bool = True, when_idle: bool = False) -> None:
-        """Stop the background driver after the current step (``when_idle``: once no request is left); ``wait``
-        joins it unless called from it."""
+        """Stop the background driver after its current step (``when_idle``: once no request is left); ``wait``
+        joins it unless called from it. Requests left pending stay queued: a waiting caller drives them, or
+        ``serve_until_idle`` starts a driver that finishes them."""
         with self._cv:
             thread = self._thread
             if when_idle:
                 self._stop_when_idle = True
             else:
-                self._thread_stop = True
-                self._thread = None
+                self._thread = None  # the thread sees it is no longer the current driver and returns
             self._cv.notify_all()
         if wait and thread is not None and thread is not threading.current_thread():
             thread.join()
 
     @property
     def thread_alive(self) -> bool:
-        """Whether a background driver thread is running."""
+        """Whether a background driver thread is running (one being stopped no longer counts)."""
         thread = self._thread
         return thread is not None and thread.is_alive()
 
+    def has_work(self) -> bool:
+        """Whether any request is queued, running or preempted."""
+        with self._cv:
+            return self._has_work()
+
     def _serve(self) -> None:
-        me = threading.get_ident()
+        me = threading.current_thread()
         while True:
             with self._cv:
-                while not self._thread_stop and (self._driver is not None or not self._has_work()):
+                while self._thread is me and (self._driver is not None or not self._has_work()):
                     if self._stop_when_idle and not self._has_work():
-                        self._thread_stop = True
+                        self._thread = None
                         break
                     self._cv.wait(IDLE_WAIT_S)
-                if self._thread_stop:
-                    if self._thread is threading.current_thread():
-                        self._thread = None
+                if self._thread is not me:
                     return
-                self._driver = me
+                self._driver = me.ident
             try:  # step() fails the requests of any error inside it, so nothing but an interrupt ends this loop
-                while not self._thread_stop and self._has_work():
+                while self._thread is me and self._has_work():
                     if not self.step():
                         with self._cv:
                             self._cv.wait(0.001)
@@ -248,38 +277,74 @@ class Server:
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
-        """Refuse new requests and cancel every pending one (KV released), then stop the background driver. From a
-        listener, the running requests are cancelled at the end of the current step."""
+        """Refuse new requests and end every pending one with EngineShutdownError (KV released), then stop the
+        background driver. From a listener, the requests still pending when the current step ends fail then (a
+        request the step completes keeps its result)."""
+        self._end_everything("the model was closed")
+        self.stop_thread(wait=True)
+        with self._cv:
+            self._cv.notify_all()
+
+    def release_at_exit(self, timeout: float = EXIT_WAIT_S) -> None:
+        """What interpreter exit runs for every live server: refuse new requests, stop the background driver (joined
+        for at most ``timeout`` s) and end every pending request with EngineShutdownError, its KV released, once the
+        current step has ended (waiting at most ``timeout`` s for it). Afterwards no thread of this server is inside
+        a forward, so the interpreter can stop its daemon threads without aborting. Idempotent."""
+        with self._cv:
+            if not self._closed:
+                self._closed, self._closed_reason = True, "the interpreter is exiting"
+            thread, self._thread = self._thread, None
+            self._cv.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._end_everything("the interpreter is exiting", timeout)
+
+    def _end_everything(self, reason: str, timeout: float | None = None) -> None:
+        """Refuse new requests and end every pending one with EngineShutdownError(``reason``): queued ones at once,
+        bound ones between steps (from a listener: once the current step has ended; otherwise waiting at most
+        ``timeout`` s for the step lock, None: as long as it takes)."""
         with self._cv:
             self._closed = True
             intake, self._intake = self._intake, []
         for job in intake:
-            job.handle._set_error(EngineShutdownError(f"request {job.handle.request_number}: the model was closed"))
-        if self._stepping == threading.get_ident():
-            for job in self.scheduler.jobs():
-                job.handle.cancel_requested = True
-        else:
-            with self._between_steps():
+            job.handle._set_error(EngineShutdownError(f"request {job.handle.request_number}: {reason}"))
+
+        def end_jobs() -> None:
+            try:
                 for job in self.scheduler.jobs():
                     self.scheduler._end(job, error=EngineShutdownError(
-                        f"request {job.handle.request_number}: the model was closed"))
-        self.stop_thread(wait=True)
+                        f"request {job.handle.request_number}: {reason}"))
+            except Exception:  # noqa: BLE001 - a broken pool: every handle still ends (their KV evicted)
+                self.scheduler.fail_all(EngineShutdownError(reason))
+
+        if self._stepping == threading.get_ident():
+            self.defer(end_jobs)  # after the step: ended with the documented error, not as cancelled
+            return
+        lock = _StepLock(self, timeout)
+        with lock:
+            if lock.acquired:
+                end_jobs()
         with self._cv:
             self._cv.notify_all()
 
 
 class _StepLock:
-    """The step lock for a caller thread; the driver yields it between steps while a caller waits for it."""
+    """The step lock for a caller thread; the driver yields it between steps while a caller waits for it. With a
+    ``timeout``, ``acquired`` says whether it was taken in time (the body must check it)."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Server, timeout: float | None = None) -> None:
         self.server = server
+        self.timeout = timeout
+        self.acquired = False
 
     def __enter__(self) -> None:
         with self.server._cv:
             self.server._cancel_waiters += 1
-        self.server._step_lock.acquire()
+        self.acquired = self.server._step_lock.acquire(timeout=-1 if self.timeout is None else self.timeout)
 
     def __exit__(self, *exc: object) -> None:
-        self.server._step_lock.release()
+        if self.acquired:
+            self.server._step_lock.release()
+            self.acquired = False
         with self.server._cv:
             self.server._cancel_waiters -= 1

@@ -10,7 +10,7 @@ import torch
 from smile_llm import LanguageModel
 from smile_llm.model.logits_processing import LogitsProcessing
 from smile_llm.model.request import SamplingParams
-from smile_llm.model.sampling import probabilities
+from smile_llm.model.sampling import GREEDY_TEMPERATURE, probabilities
 
 from .conftest import assert_clean
 
@@ -166,3 +166,29 @@ def test_draw_follows_the_distribution_and_never_draws_a_zero_mass_token() -> No
     assert rng.uniform(5) == PositionalRng(1234, torch.device("cpu")).uniform(5) != rng.uniform(6)
     edge = draw(torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.0, 0.5]]), [0.0, 1.0 - 2.0**-53])
     assert edge.tolist() == [1, 2]  # u = 0 skips leading zero mass; u -> 1 stays on the last token with mass
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-6, GREEDY_TEMPERATURE / 2])
+def test_a_temperature_below_the_greedy_threshold_is_greedy(lm, temperature) -> None:
+    """Below ``GREEDY_TEMPERATURE`` (1e-5, vLLM's threshold) a request decodes greedily: dividing the logits by
+    1e-300 (0 in float32) gave NaN probabilities and an empty completion."""
+    assert SamplingParams(temperature=temperature).temperature == 0.0
+    assert SamplingParams(temperature=GREEDY_TEMPERATURE).temperature == GREEDY_TEMPERATURE  # sampled from here
+    greedy = lm.generate("def main(argv):\n", 24, speculative_tokens=0)
+    for spec, drafts in ((0, "greedy"), (3, "greedy"), (3, "sample")):
+        got = lm.generate("def main(argv):\n", 24, temperature=temperature, seed=5, speculative_tokens=spec,
+                          draft_sampling=drafts)
+        assert got.tokens == greedy.tokens and greedy.tokens  # never empty (NaN probabilities drew EOS)
+    assert_clean(lm.pool)
+
+
+def test_sampling_functions_treat_a_tiny_temperature_as_greedy(logits) -> None:
+    from smile_llm.model.sampling import sample
+
+    want = logits.argmax(dim=-1)
+    for temperature in (1e-300, 0.0, GREEDY_TEMPERATURE / 2):
+        probs = probabilities(logits, temperature, 1.0)
+        assert torch.isfinite(probs).all()
+        assert probs.argmax(dim=-1).tolist() == want.tolist() and probs.sum(dim=-1).tolist() == [1.0] * len(want)
+        assert sample(logits, temperature, 0.9, [0.999] * len(want)).tolist() == want.tolist()
+    assert torch.isfinite(probabilities(logits, GREEDY_TEMPERATURE, 1.0)).all()
