@@ -88,10 +88,7 @@ def run(argv: list[str], prog: str = "python -m java_bridge") -> int:
             print(f"java_bridge: {load_error(args.model, exc)}", file=sys.stderr)
             return 2
         if model.is_follower:  # a rank > 0: no JVM here, it replays rank 0's plan until rank 0's model closes
-            try:
-                model.follow()
-            finally:
-                _leave_process_group()
+            model.follow()  # closes this rank's pools and leaves the process group however it ends
             return 0
 
     from .jvm import start_jvm
@@ -132,15 +129,6 @@ def run(argv: list[str], prog: str = "python -m java_bridge") -> int:
         print(exc.stacktrace(), file=sys.stderr)
         return 1
     return 0
-
-
-def _leave_process_group() -> None:
-    """Destroy the default process group a tensor-parallel model joined (a rank that exits with it still up
-    aborts in gloo's destructor)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def main() -> None:

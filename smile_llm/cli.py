@@ -161,21 +161,10 @@ def _load(args: argparse.Namespace) -> Any:
         raise CommandError(load_error(args.model, exc, args.kind)) from None
 
 
-def _leave_process_group() -> None:
-    """Destroy the default process group a tensor-parallel model joined, if any (a rank that exits with it still
-    up aborts in gloo's destructor)."""
-    if "torch.distributed" not in sys.modules:
-        return
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def _with_model(args: argparse.Namespace, body: Callable[[Any], int]) -> int:
     """Load the model of ``args`` and return ``body(model)``; a rank > 0 of a tensor-parallel model follows rank 0
-    instead (printing nothing) and returns 0. The model is closed (and the process group left) however ``body``
-    ends."""
+    instead (printing nothing) and returns 0. The model is closed (and its process group left) however
+    ``body`` ends."""
     lm = _load(args)
     try:
         if lm.is_follower:
@@ -183,10 +172,7 @@ def _with_model(args: argparse.Namespace, body: Callable[[Any], int]) -> int:
             return 0
         return body(lm)
     finally:
-        try:
-            lm.close()
-        finally:
-            _leave_process_group()
+        lm.close()  # a tensor-parallel model also leaves the process group it joined
 
 
 def _threads() -> int:

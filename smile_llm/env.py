@@ -30,6 +30,34 @@ def _positive_int(name: str) -> int | None:
     return value if value > 0 else None
 
 
+def tp_timeout_s(default: float) -> float:
+    """``SMILE_TP_TIMEOUT_S``: how long a tensor-parallel collective may wait for the other ranks, in seconds
+    (``default`` when unset). ValueError naming the variable when it is not a positive finite number."""
+    raw = os.environ.get("SMILE_TP_TIMEOUT_S", "")
+    if raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"SMILE_TP_TIMEOUT_S must be a positive number of seconds, got {raw!r}")
+    return value
+
+
+def distributed_launch() -> bool:
+    """True inside a distributed launch (``torchrun`` sets ``RANK`` and ``WORLD_SIZE`` for every rank)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def local_rank() -> int:
+    """``LOCAL_RANK`` (set by ``torchrun``): this rank's index among the ranks on its machine; 0 when unset."""
+    try:
+        return max(0, int(os.environ.get("LOCAL_RANK", "0")))
+    except ValueError:
+        return 0
+
+
 def world_size() -> int | None:
     """``WORLD_SIZE`` (set by ``torchrun`` for every rank): the number of processes of a distributed launch, or None
     outside one."""

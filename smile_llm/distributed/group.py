@@ -9,13 +9,14 @@ is the whole world (one model per job).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from .. import env
 
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -29,11 +30,19 @@ class TensorParallel:
     size: int
     timeout_s: float = DEFAULT_TIMEOUT_S
     sent: dict[str, int] = field(default_factory=lambda: {"all_reduce": 0, "all_gather": 0}, compare=False)
+    owns_group: bool = False  # init_tensor_parallel created the default process group (leave() destroys it)
 
     @property
     def is_leader(self) -> bool:
         """Rank 0: it runs the scheduler and samples; the others follow its plan."""
         return self.rank == 0
+
+    def leave(self) -> None:
+        """Destroy the default process group if ``init_tensor_parallel`` created it (a rank that exits with its gloo
+        or NCCL group still up aborts in the group's destructor); a group the caller made is left to the caller.
+        Idempotent; a no-op for one rank."""
+        if self.owns_group and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of every rank's ``x`` (in place; returned). The identity for one rank."""
@@ -67,24 +76,28 @@ class TensorParallel:
 def init_tensor_parallel(size: int, device: torch.device, timeout_s: float | None = None) -> TensorParallel:
     """This process's place in a ``size``-rank tensor-parallel group: joins the default process group from the
     ``torchrun`` environment unless it already exists (NCCL for a CUDA ``device``, gloo otherwise), with collectives
-    bounded by ``timeout_s`` (default ``SMILE_TP_TIMEOUT_S`` or 60 s; give an existing group the same timeout).
+    bounded by ``timeout_s`` (default ``SMILE_TP_TIMEOUT_S`` or 60 s; give an existing group the same timeout). A group made here is
+    destroyed by ``TensorParallel.leave()`` (the model's ``close()``).
     ValueError when ``size`` is not a positive int or differs from the world size, or when ``size > 1`` outside a
     distributed launch; ``size == 1`` needs no process group."""
     if timeout_s is None:
-        timeout_s = float(os.environ.get("SMILE_TP_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+        timeout_s = env.tp_timeout_s(DEFAULT_TIMEOUT_S)
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"tensor_parallel must be an int >= 1, got {size!r}")
     if size == 1:
         return TensorParallel(0, 1, timeout_s)
-    if not dist.is_initialized():
-        if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    created = not dist.is_initialized()
+    if created:
+        if not env.distributed_launch():
             raise ValueError(f"tensor_parallel={size} needs one process per rank: launch with torchrun "
                              f"--nproc-per-node {size} (RANK and WORLD_SIZE are not set)")
         if device.type == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(env.local_rank())
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=timeout_s))
     world = dist.get_world_size()
     if size != world:
+        if created:
+            dist.destroy_process_group()
         raise ValueError(f"tensor_parallel={size} but the job has {world} processes; launch torchrun with "
                          f"--nproc-per-node {size} (one rank per shard)")
-    return TensorParallel(dist.get_rank(), size, timeout_s)
+    return TensorParallel(dist.get_rank(), size, timeout_s, owns_group=created)

@@ -472,7 +472,8 @@ class LanguageModel:
 
     def close(self) -> None:
         """Cancel every pending request (EngineShutdownError), stop the model's server and release its KV pools;
-        later generate calls raise RuntimeError. Idempotent; safe from any thread."""
+        with tensor parallelism, stop the followers and destroy the process group the model created. Later generate
+        calls raise RuntimeError. Idempotent; safe from any thread."""
         with self._server_lock:
             server = self._server
         if server is not None:
@@ -490,9 +491,12 @@ class LanguageModel:
                 self.transformer.leader = None
                 leader.stop()
         finally:
-            self.pool.close()
-            if self.drafter is not None:
-                self.drafter.close()
+            try:
+                self.pool.close()
+                if self.drafter is not None:
+                    self.drafter.close()
+            finally:
+                self.tp.leave()  # the process group init_tensor_parallel made, if it did
 
 
 OPTION_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",

@@ -77,6 +77,15 @@ def test_tp2_equals_tp1_with_pools_in_lockstep(folder: Path, tmp_path: Path, rec
     assert tp["engine_draft_errors"] == one["engine_draft_errors"] == [0] * 6
     assert leader["kv_heads"] == 1  # each rank keeps its own KV head
     assert follower["plans"] == leader["plans_sent"] and leader["bytes_sent"] > 0
+    assert leader["group_after_close"] and follower["group_after_close"]  # the caller's group is the caller's
+
+
+def test_a_process_group_the_model_made_is_destroyed_by_close(folder: Path, tmp_path: Path) -> None:
+    leader, follower = run("own_group", folder, tmp_path)
+    for report in (leader, follower):
+        assert "error" not in report, report.get("traceback")
+        assert report["owns_group"] is True and report["group_after_close"] is False
+    assert len(leader["tokens"]) == 4 and follower["plans"] > 0
 
 
 def test_fewer_kv_heads_than_ranks_replicate_the_kv_head(tmp_path: Path, record_property: Any) -> None:

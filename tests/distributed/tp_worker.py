@@ -115,6 +115,25 @@ def _follow_or(rank: int, lm: Any, result: dict[str, Any], lead: Callable[[], No
         result["plans"] = lm.follow()
     else:
         lead()
+    result["group_after_close"] = dist.is_initialized()  # a group the caller made outlives the model
+
+
+def own_group(rank: int, folder: Path, result: dict[str, Any]) -> None:
+    """The model joins the process group itself (the worker's group is gone, a fresh port agreed first): it owns
+    it, and closing the model (rank 0's close, the follower's end of ``follow``) destroys it on every rank."""
+    port = dist.get_rank() == 0 and free_port()
+    box = [port]
+    dist.broadcast_object_list(box, src=0)
+    dist.destroy_process_group()
+    os.environ["MASTER_PORT"] = str(box[0])
+    lm = load(folder, 2)
+    result["owns_group"] = lm.tp.owns_group
+
+    def lead() -> None:
+        result["tokens"] = lm.generate(PROMPTS[1], 4, speculative_tokens=0).tokens
+        lm.close()
+
+    _follow_or(rank, lm, result, lead)
 
 
 def logits_of(lm: Any, tokens: list[int], step_by_step: bool) -> list[list[float]]:
@@ -267,4 +286,5 @@ def oversized(rank: int, folder: Path, result: dict[str, Any]) -> None:
 
 
 SCENARIOS: dict[str, Callable[[int, Path, dict[str, Any]], None]] = {
-    "parity": parity, "hybrid": hybrid, "greedy": greedy, "killed": killed, "oversized": oversized}
+    "parity": parity, "hybrid": hybrid, "greedy": greedy, "killed": killed, "oversized": oversized,
+    "own_group": own_group}
