@@ -3,19 +3,23 @@
 same process, on the CPU with 2 torch threads.
 
 A randomly initialised Qwen3 of about 133M parameters (hidden 1024, 8 layers, 16 heads / 8 KV heads of 64,
-intermediate 3072, vocab 32768, tied embeddings) is built with ``Qwen3ForCausalLM``, saved as safetensors with a
+intermediate 3072, vocab 32,000, tied embeddings) is built with ``Qwen3ForCausalLM``, saved as safetensors with a
 word-level ``tokenizer.json`` in a temporary folder, and loaded by ``LanguageModel.from_pretrained``.
 
-- Prefill at each of ``--prefill`` prompt lengths: ``generate(prompt, 1)`` (bind, one prefill forward with logits
-  for every position, the first token, release; prefix reuse off) against one HF forward on the same ids (logits for
-  every position); the first token is checked equal to HF's argmax.
-- Decode: ``generate(prompt, --new, speculative_tokens=0)`` after a ``--decode-prompt``-token prompt, per token from
-  ``Completion.stats["decode_s"]``, against HF ``generate`` with its own KV cache, per token from a streamer's time
-  stamps (first new token to last); greedy tokens checked identical.
+At each context length of ``--contexts`` (prompt tokens; default 200, 1,000 and 2,000):
+
+- Prefill: ``generate(prompt, 1)`` (bind, one prefill forward with logits for every position, the first token,
+  release; prefix reuse off) against one HF forward on the same ids (logits for every position); the first token is
+  checked equal to HF's argmax.
+- Decode: ``generate(prompt, --new, speculative_tokens=0)``, per token from ``Completion.stats["decode_s"]``, against
+  HF ``generate`` with its own KV cache, per token from a streamer's time stamps (first new token to last); greedy
+  tokens checked identical. The pool holds one request of the longest context (as a tightly sized server's does), so
+  a row's pages often wrap around the end of the FIFO free list: two runs of consecutive pages, not one.
 
 Every figure is a median of ``--repeats`` runs, ours and HF interleaved; ratios are HF time / our time (goal >= 1.0).
 
     .venv/bin/python benchmarks/realistic_size.py
+    .venv/bin/python benchmarks/realistic_size.py --contexts 200,1000,2000 --repeats 3
     .venv/bin/python benchmarks/realistic_size.py --quick
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -103,12 +108,23 @@ def decode_case(lm: Any, hf: Any, prompt: list[int], new: int, repeats: int) -> 
     return statistics.median(ours), statistics.median(theirs)
 
 
+def contexts(text: str) -> list[int]:
+    """``--contexts``: comma-separated positive prompt lengths."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 2:
+        raise argparse.ArgumentTypeError(f"expected prompt lengths of at least 2 tokens, got {text!r}")
+    return values
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--prefill", type=int, nargs="+", default=[200, 1000], help="prompt lengths for prefill")
-    p.add_argument("--decode-prompt", type=int, default=200)
+    p.add_argument("--contexts", type=contexts, default=[200, 1000, 2000],
+                   help="comma-separated prompt lengths, each timed for prefill and decode (default 200,1000,2000)")
     p.add_argument("--new", type=int, default=64, help="greedy tokens decoded")
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="2 repeats, 16 new tokens")
     args = p.parse_args()
@@ -124,31 +140,31 @@ def main() -> None:
         folder = Path(tmp)
         hf = build_checkpoint(folder)
         cfg = json.loads((folder / "config.json").read_text())
-        lm = LanguageModel.from_pretrained(folder, max_batch_size=1,
-                                           max_seq_len=max(args.prefill + [args.decode_prompt + args.new]) + 64)
+        lm = LanguageModel.from_pretrained(folder, max_batch_size=1, max_seq_len=max(args.contexts) + args.new + 64)
     lm.pool.prefix_reuse_enabled = False  # a full prefill every run, like HF
     params = sum(t.numel() for t in hf.parameters())
     gen = torch.Generator().manual_seed(1)
-    prompts = {n: [int(t) for t in torch.randint(0, VOCAB - 2, (n,), generator=gen)]
-               for n in sorted(set(args.prefill + [args.decode_prompt]))}
-    lm.generate(prompts[args.decode_prompt], 4, speculative_tokens=0)  # warm-up, both
-    with torch.inference_mode():
-        hf(torch.tensor([prompts[args.decode_prompt]]))
+    prompts = {n: [int(t) for t in torch.randint(0, VOCAB - 2, (n,), generator=gen)] for n in sorted(set(args.contexts))}
     print(f"realistic_size: random Qwen3, {params / 1e6:.1f}M parameters (hidden {cfg['hidden_size']}, "
           f"{cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']} heads / {cfg['num_key_value_heads']} KV "
           f"heads of {cfg['head_dim']}, intermediate {cfg['intermediate_size']}, vocab {cfg['vocab_size']}, tied), "
-          f"float32, {args.threads} threads, medians of {args.repeats}; torch {torch.__version__}; "
-          f"code {code_version()}")
+          f"float32, {args.threads} threads, medians of {args.repeats}, {args.new} greedy tokens; torch "
+          f"{torch.__version__}; code {code_version()}; load average "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     ratios = []
-    for n in args.prefill:
+    for n in args.contexts:
+        lm.generate(prompts[n], 4, speculative_tokens=0)  # warm-up at this length, both
+        with torch.inference_mode():
+            hf(torch.tensor([prompts[n]]))
         o, t = prefill_case(lm, hf, prompts[n], args.repeats)
         ratios.append((f"prefill {n}", t / o))
-        print(f"  prefill {n:5d} tokens   ours {o * 1e3:8.1f} ms   HF {t * 1e3:8.1f} ms   HF/ours {t / o:.2f}x "
-              f"(first token identical)")
-    o, t = decode_case(lm, hf, prompts[args.decode_prompt], args.new, args.repeats)
-    ratios.append(("decode", t / o))
-    print(f"  decode after {args.decode_prompt} tokens, {args.new} greedy tokens   ours {o * 1e3:6.2f} ms/token   "
-          f"HF {t * 1e3:6.2f} ms/token   HF/ours {t / o:.2f}x (tokens identical)")
+        print(f"  context {n:5d}   prefill: ours {o * 1e3:8.1f} ms   HF {t * 1e3:8.1f} ms   HF/ours {t / o:.2f}x "
+              f"(first token identical)", flush=True)
+        o, t = decode_case(lm, hf, prompts[n], args.new, args.repeats)
+        ratios.append((f"decode {n}", t / o))
+        print(f"  context {n:5d}   decode:  ours {o * 1e3:6.2f} ms/token   HF {t * 1e3:6.2f} ms/token   "
+              f"HF/ours {t / o:.2f}x (tokens identical)", flush=True)
+    print(f"(load average at the end {', '.join(f'{x:.1f}' for x in os.getloadavg())})")
     print("headline: realistic size (133M Qwen3, 2 threads) HF/ours: "
           + ", ".join(f"{name} {r:.2f}x" for name, r in ratios) + " (goal >= 1.0)")
 

@@ -1,7 +1,7 @@
 """Attention over a key set split in two parts, computed part by part and merged by log-sum-exp (FlashInfer's
 ``merge_state``): ``softmax`` over the union of two disjoint key sets equals each part's normalised output weighted
 by ``exp(lse_part - lse_union)``. ``dense_attention`` computes one part from dense K/V with its log-sum-exp;
-``merge_by_lse`` combines two parts."""
+``merge_by_lse`` combines two parts (``merge_states`` also returns the union's LSE)."""
 
 from __future__ import annotations
 
@@ -33,5 +33,13 @@ def merge_by_lse(out0: torch.Tensor, lse0: torch.Tensor, out1: torch.Tensor, lse
     """Attention over two disjoint key sets from each one's normalised output and natural-log LSE (``[..., 1]``):
     ``out0 * exp(lse0 - lse) + out1 * exp(lse1 - lse)`` with ``lse = logaddexp(lse0, lse1)``; writes into the
     outputs. A part that saw no key (``lse = -inf``) gets weight 0."""
+    return merge_states(out0, lse0, out1, lse1)[0]
+
+
+def merge_states(out0: torch.Tensor, lse0: torch.Tensor, out1: torch.Tensor,
+                 lse1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``merge_by_lse`` and the union's natural-log LSE ``logaddexp(lse0, lse1)``, so that a third part can be
+    merged in; writes into the outputs. Both parts without a key (both LSEs -inf) give NaN: callers that may meet
+    such a query clear it."""
     lse = torch.logaddexp(lse0, lse1)
-    return out0.mul_((lse0 - lse).exp_()).add_(out1.mul_((lse1 - lse).exp_()))
+    return out0.mul_((lse0 - lse).exp_()).add_(out1.mul_((lse1 - lse).exp_())), lse

@@ -19,6 +19,11 @@ slot and KV head, head-major), so ``run`` gathers a chunk with one ``index_selec
 casts it to fp32 and multiplies it in one batched matmul.
 The chunk is sized to stay in cache; scores held at once are ``O(B * Hq * max_qo_len * chunk)``.
 
+One row in one chunk (single-stream decode, verify, short prefill; no soft cap) on the CPU: an fp32 cache is read in
+place, without a gather. The row's slots are cut into runs of consecutive slots (``_Chunk.spans``; a FIFO free list
+hands out one or two); each run is a strided view of the cache, attended in one fused call, and two or more runs are
+merged by their log-sum-exps. Rows whose runs average fewer than ``SPAN_MIN_TOKENS`` slots are gathered instead.
+
 Shared prefix (cascade): when every row of a forward starts with the same pages (requests sharing a cached system
 prompt) and every query comes after them, ``plan`` splits those ``P`` positions off as one shared level. ``run``
 gathers their K/V once (not once per row) and attends all rows' queries to them in one call, then continues the
@@ -42,13 +47,14 @@ import torch
 
 from smile_llm.cache.metadata import FlashInferKvMetadata
 
-from .merge import merge_by_lse
+from .merge import merge_by_lse, merge_states
 
 LOG2E = 1.4426950408889634
 CHUNK_BYTES = 32 << 20  # per kv chunk: its fp32 K and V plus its scores (measured best on a 2-core CPU)
 CASCADE_MIN_TOKENS = 128  # a shared prefix shorter than this is attended per row (the split costs more than it saves)
 CPU_FLASH_LSE = True  # the cascade on the CPU uses torch's fused kernel that returns the LSE (off: plain matmuls)
 CAUSAL_SPLIT_MIN = 64  # a causal window this long skips its masked half (see _CausalWindow)
+SPAN_MIN_TOKENS = 128  # a one-row chunk is read in place, run by run, while its runs average at least this many slots
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,13 @@ class _Chunk:
     hidden: torch.Tensor | None  # bool[B, 1, 1, Qmax, Lc]: a query must not see this key; None if all visible
     past_end: torch.Tensor | None  # bool[B, 1, Lc, 1]: slot past the row's kv_len (its V is zeroed); None if none
     zero_rows: torch.Tensor | None = None  # int64: those slots' rows in the gathered [B * Hkv * Lc, D] chunk
-    first_slot: int | None = None  # one row whose slots are [first_slot, first_slot + Lc): fp32 K/V read in place
+    # one row's slots as runs of consecutive slots (first slot, length), in position order: fp32 K/V read in place
+    spans: tuple[tuple[int, int], ...] | None = None
+
+    @property
+    def first_slot(self) -> int | None:
+        """The first slot of a one-row chunk whose slots are all consecutive (one span), else None."""
+        return self.spans[0][0] if self.spans is not None and len(self.spans) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -97,6 +109,8 @@ class AttentionPlan:
     workspace: dict[tuple[torch.dtype, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # the one-chunk paths' additive mask and blind query rows (``_additive_mask``), built by the first layer
     sdpa_mask: tuple[torch.Tensor | None, torch.Tensor | None] | None = None
+    # each span's columns of that mask and its blind query rows, and whether any has some (``_span_masks``)
+    span_masks: tuple[list[tuple[torch.Tensor | None, torch.Tensor | None]], bool] | None = None
     checked: tuple[Any, ...] | None = None  # the signature of the tensors a ReferenceBackend.run last checked
     windows: list[_CausalWindow] | None = None  # causal windows split into prefix and diagonal; chunks unused
 
@@ -309,10 +323,21 @@ def _plan_one_row(pages: np.ndarray, kv_len: int, q_len: int, ps: int, hq: int, 
     elif causal and q_len > 1:  # query i sees keys up to i + kv_len - q_len
         limit = torch.arange(kv_len - q_len, kv_len)
         hidden = (torch.arange(kv_len) > limit[:, None]).view(1, 1, 1, q_len, kv_len).to(device)
-    first_slot = int(slots[0]) if kv_len and (np.diff(slots) == 1).all() else None
-    chunk = _Chunk(torch.from_numpy(rows).to(device), kv_len, hidden, None, first_slot=first_slot)
+    chunk = _Chunk(torch.from_numpy(rows).to(device), kv_len, hidden, None, spans=_spans(slots))
     return AttentionPlan(1, hq, hkv, d, ps, q_len, q_len, int(pages.max()), scale, cap or None, device, None, None,
                          [chunk])
+
+
+def _spans(slots: np.ndarray) -> tuple[tuple[int, int], ...] | None:
+    """``slots`` (one row's, in position order) as runs of consecutive slots ``(first, length)``; None when there
+    are none or so many that they average fewer than ``SPAN_MIN_TOKENS`` slots (one gather then costs less than a
+    kernel call per run). Pages handed out by a FIFO free list mostly come in one or two runs."""
+    n = len(slots)
+    starts = np.flatnonzero(np.diff(slots) != 1) + 1
+    if n == 0 or (len(starts) and (len(starts) + 1) * SPAN_MIN_TOKENS > n):
+        return None
+    bounds = [0, *starts.tolist(), n]
+    return tuple((int(slots[a]), b - a) for a, b in zip(bounds[:-1], bounds[1:]))
 
 
 def _custom_visibility(custom_mask: Any, q_lens: np.ndarray, kv_lens: np.ndarray, qo_indptr: Any) -> np.ndarray:
@@ -650,6 +675,9 @@ def _one_chunk_sdpa(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: t
     one fused SDPA instead of the online softmax. ``qh`` is ``[B, Hkv, G * Qmax, D]`` fp32, already scaled.
     Slots past a row's end are zeroed in K and V (NaN-safe) and masked with the causal limits; a query with no key
     gives 0, like the general path. Returns ``[B * Qmax, Hq, D]``."""
+    by_span = _span_attention(plan, qh, k, v)
+    if by_span is not None:
+        return _query_rows(plan, by_span[0], v_scale)
     kc, vc = _gather_chunk(plan, k, v)
     additive, blind = _additive_mask(plan, qh.device)
     out = torch.nn.functional.scaled_dot_product_attention(qh, kc, vc, attn_mask=additive, scale=1.0)
@@ -663,19 +691,77 @@ def _one_chunk_flash(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor, v: 
     """``_one_chunk_sdpa`` with the log-sum-exp, through torch's fused CPU kernel that returns it (a decode over the
     part of the keys a caller merges with another part, e.g. a draft chain's history). Returns the output
     ``[total_q, Hq, D]`` in ``dtype`` and the base-2 LSE ``[total_q, Hq]`` (-inf for a query that sees no key)."""
-    kc, vc = _gather_chunk(plan, k, v)
-    additive, blind = _additive_mask(plan, qh.device)
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kc, vc, attn_mask=additive,
-                                                                          scale=1.0)
-    lse = lse.unsqueeze(-1)  # [B, Hkv, G * Qmax, 1]
-    if blind is not None:
-        out, lse = out.masked_fill(blind, 0.0), lse.masked_fill(blind, -math.inf)
+    by_span = _span_attention(plan, qh, k, v)
+    if by_span is not None:
+        out, lse = by_span
+    else:
+        kc, vc = _gather_chunk(plan, k, v)
+        additive, blind = _additive_mask(plan, qh.device)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qh, kc, vc, attn_mask=additive,
+                                                                              scale=1.0)
+        lse = lse.unsqueeze(-1)  # [B, Hkv, G * Qmax, 1]
+        if blind is not None:
+            out, lse = out.masked_fill(blind, 0.0), lse.masked_fill(blind, -math.inf)
     b, hkv, qmax = plan.batch, plan.num_kv_heads, plan.max_q
     lse = (lse * LOG2E).view(b, hkv, plan.num_qo_heads // hkv, qmax).permute(0, 3, 1, 2).reshape(b * qmax, -1)
     out = _query_rows(plan, out, v_scale)
     if plan.out_rows is not None:
         out, lse = out.index_select(0, plan.out_rows), lse.index_select(0, plan.out_rows)
     return out.to(dtype), lse.contiguous()
+
+
+def _span_attention(plan: AttentionPlan, qh: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The one-chunk attention of a one-row plan whose slots form several runs (``_Chunk.spans``) over an fp32
+    cache, without a gather: each run's K/V are a strided view of the cache, attended in one fused CPU call that
+    also returns the log-sum-exp, and the runs are merged by log-sum-exp (``merge_states``). ``qh`` is
+    ``[1, Hkv, G * Qmax, D]`` fp32, already scaled. Returns the normalised output ``[1, Hkv, G * Qmax, D]`` and the
+    natural-log LSE ``[1, Hkv, G * Qmax, 1]`` (a query that sees no key: 0 and -inf), or None when the plan or the
+    cache does not allow it (fewer than two runs, a cache of another dtype or device or without a slot view); the
+    caller then gathers. Equal to the gathered computation up to float rounding."""
+    c = plan.chunks[0]
+    if c.spans is None or len(c.spans) < 2 or k.dtype != torch.float32 or qh.device.type != "cpu":
+        return None
+    views = [(_slot_range(k, first, n), _slot_range(v, first, n)) for first, n in c.spans]
+    if any(kr is None or vr is None for kr, vr in views):
+        return None
+    masks, any_blind = _span_masks(plan, qh.device)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out = lse = None
+    for (kr, vr), (mask, blind) in zip(views, masks):
+        o, part = flash(qh, kr, vr, attn_mask=mask, scale=1.0)  # [1, Hkv, GQ, D], [1, Hkv, GQ]
+        part = part.unsqueeze(-1)
+        if blind is not None:  # the kernel gives output 0 and LSE 0 to a query that sees no key of the run
+            part = part.masked_fill(blind, -math.inf)
+        out, lse = (o, part) if out is None or lse is None else merge_states(out, lse, o, part)
+    assert out is not None and lse is not None
+    if any_blind:  # a query blind in two merged runs got NaN weights (-inf - -inf); it sees no key: output 0
+        out = out.masked_fill(lse == -math.inf, 0.0)
+    return out, lse
+
+
+def _span_masks(plan: AttentionPlan,
+                device: torch.device) -> tuple[list[tuple[torch.Tensor | None, torch.Tensor | None]], bool]:
+    """Each span's columns of the one-chunk additive mask (``_additive_mask``; a view) and the bool
+    ``[1, 1, G * Qmax, 1]`` query rows that see no key of that span (None when every query sees one), built by the
+    first layer and kept on the plan; ``(None, None)`` for every span of an unmasked plan (decode). The flag: some
+    span has blind rows."""
+    if plan.span_masks is None:
+        spans = plan.chunks[0].spans
+        assert spans is not None
+        additive, _ = _additive_mask(plan, device)
+        masks: list[tuple[torch.Tensor | None, torch.Tensor | None]] = []
+        at = 0
+        for _, n in spans:
+            blind = None
+            part = None if additive is None else additive[..., at : at + n]
+            if part is not None:
+                blind = (part == -math.inf).all(-1, keepdim=True)
+                blind = blind if bool(blind.any()) else None
+            masks.append((part, blind))
+            at += n
+        plan.span_masks = (masks, any(blind is not None for _, blind in masks))
+    return plan.span_masks
 
 
 def _gather_chunk(plan: AttentionPlan, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
