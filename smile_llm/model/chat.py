@@ -20,6 +20,7 @@ from typing import Any
 
 from .chat_limits import RenderLimits
 from .errors import ChatTemplateError, RenderBudgetError
+from .json_file import read_json
 from .request import RequestTypeError
 
 TEMPLATE_FILE = "chat_template.jinja"
@@ -166,13 +167,7 @@ def _token_text(token: Any) -> str:
 
 def _read_json_object(path: Path) -> dict[str, Any]:
     """The JSON object in ``path``; ChatTemplateError naming the file otherwise."""
-    size = path.stat().st_size
-    if size > MAX_CONFIG_BYTES:
-        raise ChatTemplateError(f"{path} is {size} bytes; at most {MAX_CONFIG_BYTES} are read")
-    try:
-        data = json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ChatTemplateError(f"{path} is not valid JSON: {exc}") from None
+    data = read_json(path, MAX_CONFIG_BYTES, lambda message: ChatTemplateError(f"{path} {message}"))
     if not isinstance(data, dict):
         raise ChatTemplateError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data

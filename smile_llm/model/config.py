@@ -3,7 +3,6 @@ Qwen3-Next families, with an MTP head). The hybrid keys are read by ``config_hyb
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -14,6 +13,7 @@ from .config_fields import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN_SIZE, MAX_INTERM
 from .config_hybrid import (FULL_ATTENTION, HYBRID_FAMILIES, LINEAR_ATTENTION, LinearAttentionConfig, MoeConfig,
                             read_hybrid_fields, unwrap_text_config)
 from .errors import ConfigError
+from .json_file import read_json
 
 FAMILIES = ("llama", "qwen2", "qwen3", *HYBRID_FAMILIES)
 MAX_SPECULATIVE_TOKENS = 7  # Smile's block of 8: drafts + 1 bonus token
@@ -91,13 +91,7 @@ class ModelConfig:
         p = p / "config.json" if p.is_dir() else p
         if not p.is_file():
             raise FileNotFoundError(f"no config.json at {p}; pass a Hugging Face model folder")
-        size = p.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"is {size} bytes; a config.json has at most {MAX_CONFIG_BYTES}", path=p)
-        try:
-            raw = json.loads(p.read_bytes())
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-            raise ConfigError(f"is not valid JSON: {exc}", path=p) from None
+        raw = read_json(p, MAX_CONFIG_BYTES, lambda message: ConfigError(message, path=p))
         try:
             return cls.from_dict(raw)
         except ConfigError as exc:

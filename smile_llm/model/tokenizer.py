@@ -4,11 +4,13 @@ character across text chunks."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Protocol
 
 from .errors import TokenizerError
+from .json_file import read_json
+
+MAX_SPEC_BYTES = 1 << 20  # a smile_tokenizer.json larger than this is refused before it is parsed
 
 
 class Tokenizer(Protocol):
@@ -88,10 +90,7 @@ def load_tokenizer(folder: Path, eos_token_ids: tuple[int, ...], vocab_size: int
 
 
 def _byte_tokenizer(spec: Path, vocab_size: int) -> ByteTokenizer:
-    try:
-        meta = json.loads(spec.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise TokenizerError(f"is not valid JSON: {exc}", path=spec) from None
+    meta = read_json(spec, MAX_SPEC_BYTES, lambda message: TokenizerError(message, path=spec))
     if not isinstance(meta, dict):
         raise TokenizerError(f"must hold a JSON object, got {type(meta).__name__}", path=spec)
     vocab = meta.get("vocab_size", vocab_size)

@@ -9,13 +9,13 @@ Nothing in the folder is trusted: the index must be JSON naming shards inside th
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .errors import CheckpointError
+from .json_file import read_json
 from .safetensors_header import SafetensorsHeader, read_header
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -41,13 +41,7 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 def _index_shards(index: Path) -> list[str]:
     """The distinct shard names of the index's ``weight_map`` (sorted)."""
-    size = index.stat().st_size
-    if size > MAX_INDEX_BYTES:
-        raise CheckpointError(f"is {size} bytes; a shard index has at most {MAX_INDEX_BYTES}", path=index)
-    try:
-        data = json.loads(index.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"is not valid JSON: {exc}", path=index) from None
+    data = read_json(index, MAX_INDEX_BYTES, lambda message: CheckpointError(message, path=index))
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError("has no 'weight_map' object of tensor names to shard files", path=index,
