@@ -20,6 +20,7 @@ Every figure is a median of ``--repeats`` runs, ours and HF interleaved; ratios 
 
     .venv/bin/python benchmarks/realistic_size.py
     .venv/bin/python benchmarks/realistic_size.py --contexts 200,1000,2000 --repeats 3
+    .venv/bin/python benchmarks/realistic_size.py --no-spans   # a row in several runs of slots is gathered
     .venv/bin/python benchmarks/realistic_size.py --quick
 """
 
@@ -127,12 +128,19 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="2 repeats, 16 new tokens")
+    p.add_argument("--no-spans", action="store_true",
+                   help="gather a row's K/V whenever its slots are not one run of consecutive slots (the reference "
+                        "backend without reads by span, for before/after figures)")
     args = p.parse_args()
     if args.quick:
         args.repeats, args.new = 2, 16
     from transformers.utils import logging as hf_logging
 
+    from smile_llm.attention import reference
     from smile_llm.model import LanguageModel
+
+    if args.no_spans:
+        reference.SPAN_MIN_TOKENS = 1 << 62  # _spans then lists a row only when its slots are one run
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)
@@ -149,7 +157,7 @@ def main() -> None:
           f"{cfg['num_hidden_layers']} layers, {cfg['num_attention_heads']} heads / {cfg['num_key_value_heads']} KV "
           f"heads of {cfg['head_dim']}, intermediate {cfg['intermediate_size']}, vocab {cfg['vocab_size']}, tied), "
           f"float32, {args.threads} threads, medians of {args.repeats}, {args.new} greedy tokens; torch "
-          f"{torch.__version__}; code {code_version()}; load average "
+          f"{torch.__version__}; code {code_version()}{' (--no-spans)' if args.no_spans else ''}; load average "
           f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     ratios = []
     for n in args.contexts:

@@ -702,3 +702,55 @@ def test_backend_run_before_plan_and_mismatches() -> None:
     with pytest.raises(ValueError, match="outside the cache"):
         backend.run(c.q, c.k[:1], c.v[:1])
     assert torch.equal(backend.run(c.q, c.k, c.v), first)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("mode", ["decode", "verify", "tree"])
+def test_one_row_over_several_runs_reads_each_run_in_place(seed: int, mode: str) -> None:
+    """A one-row step whose pages form several runs of consecutive pages (a FIFO free list wrapping around) is
+    attended run by run, the runs merged by log-sum-exp: equal to the float64 oracle and to the gathered read of
+    the same plan, blind queries of a tree mask giving 0 and -inf; NaN in every slot the row does not own."""
+    rng = np.random.default_rng(seed)
+    page_size, hkv, group, d, num_pages = 4, 2, 3, 16, 80
+    kv_len = int(rng.integers(40, 250))
+    n_pages = -(-kv_len // page_size)
+    wrap = int(rng.integers(1, n_pages))  # the row's first pages at the end of the pool, the rest from page r
+    start = int(rng.integers(0, num_pages - n_pages))
+    pages = list(range(num_pages - wrap, num_pages)) + list(range(start, start + n_pages - wrap))
+    if len(set(pages)) != n_pages:  # the two runs overlap: take the second run elsewhere
+        pages = list(range(num_pages - wrap, num_pages)) + list(range(0, n_pages - wrap))
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.full((num_pages, page_size, hkv, d), math.nan)
+    v = torch.full((num_pages, page_size, hkv, d), math.nan)
+    for t in range(kv_len):
+        k[pages[t // page_size], t % page_size] = torch.randn(hkv, d, generator=gen)
+        v[pages[t // page_size], t % page_size] = torch.randn(hkv, d, generator=gen)
+    meta = one_row_meta(kv_len, page_size, pages)
+    q_len = 1 if mode == "decode" else int(rng.integers(2, 9))
+    qo = None if mode == "decode" else torch.tensor([0, q_len])
+    mask = None
+    if mode == "tree":
+        mask = torch.from_numpy(rng.random((q_len, kv_len)) < 0.3)
+        mask[0] = False  # a blind query
+    q = torch.randn(q_len, hkv * group, d, generator=gen)
+    with mock.patch.object(reference, "SPAN_MIN_TOKENS", 4):
+        plan = reference.plan_attention(meta, num_qo_heads=hkv * group, num_kv_heads=hkv, head_dim=d, qo_indptr=qo,
+                                        custom_mask=mask)
+        assert plan.chunks[0].spans is not None and len(plan.chunks[0].spans) >= 2
+        out, lse = paged_attention(q, k, v, meta, qo_indptr=qo, v_scale=1.5, custom_mask=mask, return_lse=True)
+    with mock.patch.object(reference, "SPAN_MIN_TOKENS", 1 << 40):  # the same plan, gathered
+        assert reference.plan_attention(meta, num_qo_heads=hkv * group, num_kv_heads=hkv, head_dim=d,
+                                        qo_indptr=qo, custom_mask=mask).chunks[0].spans is None
+        gathered, gathered_lse = paged_attention(q, k, v, meta, qo_indptr=qo, v_scale=1.5, custom_mask=mask,
+                                                 return_lse=True)
+    assert not torch.isnan(out).any()
+    if mask is None:
+        want, want_lse = oracle(q, k, v, meta, None if qo is None else qo.tolist(), v_scale=1.5)
+        assert_close(out, want, 1e-5)
+        assert_close(lse, want_lse, 1e-4)
+    else:
+        assert (out[0] == 0).all() and (lse[0] == -math.inf).all()
+    assert torch.allclose(out, gathered, atol=1e-5)
+    assert torch.equal(lse == -math.inf, gathered_lse == -math.inf)
+    seen = lse != -math.inf
+    assert torch.allclose(lse[seen], gathered_lse[seen], atol=1e-4)
