@@ -276,11 +276,7 @@ def _host_kv_lens(meta: FlashInferKvMetadata) -> np.ndarray:
     """Host ``int64[B]`` token count of each row, after checking the CSR: from a :class:`GraphStepCsr`'s host
     mirrors, else with one device-to-host copy. ValueError on a malformed CSR: FlashInfer checks none of it
     (``last_page_len > page_size`` is accepted, FlashInfer #320)."""
-    for name in ("indptr", "indices", "last_page_len"):
-        t = getattr(meta, name)
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
-            raise ValueError(f"FlashInferKvMetadata.{name} must be a 1-D int32 tensor, got "
-                             f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    meta.check_types()
     batch = int(meta.last_page_len.shape[0])
     if meta.indptr.shape[0] != batch + 1:
         raise ValueError(f"indptr has {meta.indptr.shape[0]} entries for {batch} rows; it needs B + 1")
@@ -291,16 +287,7 @@ def _host_kv_lens(meta: FlashInferKvMetadata) -> np.ndarray:
     else:
         host = torch.cat((meta.indptr, meta.last_page_len)).cpu().numpy().astype(np.int64)
         indptr, last = host[: batch + 1], host[batch + 1:]
-    pages = np.diff(indptr)
-    if indptr[0] != 0 or (pages < 0).any():
-        raise ValueError(f"indptr must start at 0 and never decrease, got {indptr.tolist()}")
-    if indptr[-1] > meta.indices.shape[0]:
-        raise ValueError(f"indptr[-1] = {indptr[-1]} but indices holds only {meta.indices.shape[0]} pages")
-    bad = np.flatnonzero(np.where(pages > 0, (last < 1) | (last > meta.page_size), last != 0))
-    if len(bad):
-        b = int(bad[0])
-        raise ValueError(f"row {b}: last_page_len {int(last[b])} with {int(pages[b])} pages; it must be in "
-                         f"[1, page_size={meta.page_size}] for a non-empty row and 0 for an empty one")
+    pages = meta.check_rows(indptr, last)
     return np.where(pages > 0, (pages - 1) * meta.page_size + last, 0)
 
 

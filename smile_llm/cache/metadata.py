@@ -45,16 +45,19 @@ class FlashInferKvMetadata:
         (given ``num_pages``) every listed page in ``[0, num_pages)``."""
         self.checked_host(num_pages)
 
-    def checked_host(self, num_pages: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``validate``, then the host copies it read: int64 ``indptr`` ``[B+1]``, ``last_page_len`` ``[B]`` and the
-        ``indptr[-1]`` listed pages (so a planner converts each tensor once)."""
+    def check_types(self) -> None:
+        """ValueError unless ``indptr``, ``indices`` and ``last_page_len`` are 1-D int32 tensors."""
         for name in ("indptr", "indices", "last_page_len"):
             t = getattr(self, name)
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
                 raise ValueError(f"FlashInferKvMetadata.{name} must be a 1-D int32 tensor, got "
                                  f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
-        indptr = self.indptr.cpu().numpy().astype(np.int64)
-        last = self.last_page_len.cpu().numpy().astype(np.int64)
+
+    def check_rows(self, indptr: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """The pages of every row (``int64[B]``), after checking host int64 copies of ``indptr`` and
+        ``last_page_len``: B + 1 offsets starting at 0, never decreasing, within ``indices``; ``last_page_len`` in
+        ``[1, page_size]`` for a non-empty row and 0 for an empty one (FlashInfer checks none of it). ValueError
+        naming the first rule broken."""
         if len(indptr) != len(last) + 1:
             raise ValueError(f"indptr has {len(indptr)} entries for {len(last)} rows; it needs B + 1")
         pages = np.diff(indptr)
@@ -67,6 +70,15 @@ class FlashInferKvMetadata:
             b = int(bad[0])
             raise ValueError(f"row {b}: last_page_len {int(last[b])} with {int(pages[b])} pages; it must be in "
                              f"[1, page_size={self.page_size}] for a non-empty row and 0 for an empty one")
+        return pages
+
+    def checked_host(self, num_pages: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``validate``, then the host copies it read: int64 ``indptr`` ``[B+1]``, ``last_page_len`` ``[B]`` and the
+        ``indptr[-1]`` listed pages (so a planner converts each tensor once)."""
+        self.check_types()
+        indptr = self.indptr.cpu().numpy().astype(np.int64)
+        last = self.last_page_len.cpu().numpy().astype(np.int64)
+        self.check_rows(indptr, last)
         used = self.indices[: int(indptr[-1])].cpu().numpy().astype(np.int64)
         if num_pages is not None and len(used):
             lo, hi = int(used.min()), int(used.max())

@@ -136,11 +136,6 @@ class Leader:
             self.broken = f"rank 0's forward raised after its plan was sent: {exc!r}"
             raise
 
-    def sync(self) -> None:
-        """Send the calls recorded so far (no forward), e.g. before reading every rank's digest."""
-        with self._lock:
-            self._send(("sync",))
-
     def stop(self) -> None:
         """End the followers' loops (after the calls recorded so far). Idempotent."""
         with self._lock:

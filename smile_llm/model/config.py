@@ -167,11 +167,6 @@ class ModelConfig:
         n = requested if requested and requested > 0 else self.num_speculative_tokens or 3
         return min(n, MAX_SPECULATIVE_TOKENS)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Every field by name (``rope_scaling``, ``linear_attention`` and ``moe`` stay dataclasses or None); not an
-        HF config."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
 
 def _head_dim(f: Fields, hybrid: bool, hidden: int, heads: int) -> int:
     """``head_dim`` as given, else HF's default: 256 for the hybrid families, ``hidden_size / num_attention_heads``

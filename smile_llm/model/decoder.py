@@ -1,9 +1,9 @@
 """Decoder: the forward passes of generation over sequences bound in the model's pool(s).
 
-``prefill`` (one request's prompt, in chunks), ``decode`` (one plain step for a ragged batch) and ``speculate``
-(one speculative round for a ragged batch: the drafter's drafts, one verify forward over each row's window
-``[last, d_0..d_{n-1}]``, acceptance, ``truncate_to`` so rejected positions are neither attended nor inserted)
-are used alike by ``LanguageModel.generate`` (one sequence) and the engine (many). Every forward's hidden states
+``prefill`` (one request's prompt, in chunks) and ``step`` (one forward for a ragged batch: a plain decode, or a
+speculative round for the rows that can draft: the drafter's drafts, one verify forward over each row's window
+``[last, d_0..d_{n-1}]`` or token tree, acceptance, ``truncate_to`` so rejected positions are neither attended nor
+inserted) are used alike by ``LanguageModel.generate`` (one sequence) and the engine (many). Every forward's hidden states
 are reported to the drafter (``drafters.Drafter``: extend / absorb / commit), whichever it is, so drafting stays
 possible after any mix of steps.
 """
@@ -241,12 +241,6 @@ class Decoder:
             seq.push(token, logp)
 
     # ------------------------------------------------------------------ speculative round
-    def speculate(self, seqs: list[Sequence], n: int) -> list[AcceptResult]:
-        """One round of ``n`` drafts for every sequence (each ``drafter.ready`` with ``draft_budget() >= n``):
-        propose, verify all windows in one forward, accept per row, seal the accepted KV and append the tokens.
-        ValueError for a proposal of the wrong shape, dtype or vocabulary (``step`` turns that into a plain step)."""
-        return self._verify(seqs, n, *self._linear_proposal(seqs, n))
-
     def _propose(self, seqs: list[Sequence], propose: Callable[[list[Sequence]], _P]) -> _P | None:
         """``propose(seqs)``, or None when the drafter raised or proposed something unusable: the round is dropped
         (each row's ``draft_errors`` counts it, with a RuntimeWarning naming the error) and the rows decode plainly
@@ -373,13 +367,6 @@ class Decoder:
                 break
 
     # ------------------------------------------------------------------ token-tree round
-    def speculate_tree(self, seqs: list[Sequence], branching: tuple[int, ...]) -> list[TreeAccept]:
-        """One token-tree round for every sequence (each ``tree_fits``): the drafter's trees, one verify forward
-        over each row's window ``[last, nodes]`` with the tree mask, acceptance of the longest path the target
-        follows (``draft_tree.accept_tree``), the accepted nodes' KV moved to consecutive positions, the rest sealed
-        (``truncate_to``), and the tokens appended. ValueError for an unusable proposal."""
-        return self._verify_tree(seqs, branching, self._tree_proposal(seqs, branching))
-
     def _tree_proposal(self, seqs: list[Sequence], branching: tuple[int, ...]) -> DraftTree:
         """The drafter's token trees, checked: a ``DraftTree`` of 1 .. ``tree_nodes(branching)`` nodes per row (a
         drafter may propose a smaller tree than the shape allows: a dynamic shape) of at most ``len(branching)``
@@ -394,7 +381,9 @@ class Decoder:
         return tree
 
     def _verify_tree(self, seqs: list[Sequence], branching: tuple[int, ...], tree: DraftTree) -> list[TreeAccept]:
-        """Verify ``tree`` in one forward with the tree mask, accept, compact, seal and append (``speculate_tree``)."""
+        """Verify ``tree`` in one forward with the tree mask, accept the longest path the target follows
+        (``draft_tree.accept_tree``), move the accepted nodes' KV to consecutive positions, seal the rest
+        (``truncate_to``) and append the tokens."""
         assert self.drafter is not None
         tokens = tree.tokens.to(self.pool.device)
         m = tree.size

@@ -123,11 +123,6 @@ class Sequence:
         self.listener = None
 
     # ------------------------------------------------------------------ positions
-    def token_at(self, pos: int) -> int:
-        """The token at absolute position ``pos`` (prompt first, then generated tokens); IndexError past the end."""
-        p = len(self.prompt)
-        return self.prompt[pos] if pos < p else self.tokens[pos - p]
-
     def tokens_between(self, start: int, end: int) -> list[int]:
         """Tokens at positions ``[start, end)``."""
         return self.prompt[start:end] if end <= len(self.prompt) else (self.prompt + self.tokens)[start:end]

@@ -4,7 +4,7 @@
 - losslessness at temperature 0: the default model and random tiny MTP models (Qwen3 tied, Qwen2, Llama, and one
   whose copied draft head agrees), ``generate`` and ``generate_batch``, k = 1..7, history and per-round draft KV,
   prefix hits, stops inside a round, length and capacity cuts, chunked prefill through ``Decoder``, poisoned
-  pages; the stats agree with the rounds that ran (recorded by wrapping ``Decoder.speculate``);
+  pages; the stats agree with the rounds that ran (recorded by wrapping ``Decoder._verify``);
 - the target distribution when sampling (greedy and sampled drafts, temperature and top-p): chi-square against the
   exact distribution of a vocabulary-6 model;
 - the MTP history: chunking independence, drafts equal to a from-scratch computation over the verified context;
