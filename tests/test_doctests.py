@@ -19,7 +19,7 @@ MODULES = [
     "smile_llm.model.speculative",
     "smile_llm.model.tokenizer",
 ]
-DOCS = ["docs/cuda.md", "docs/speculative.md"]
+DOCS = ["docs/contract.md", "docs/cuda.md", "docs/speculative.md"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -33,7 +33,7 @@ _warned_fallback = False
 
 @runtime_checkable
 class AttentionBackend(Protocol):
-    """Paged attention over a FlashInfer CSR (``API.md`` section 4; semantics of ``reference.paged_attention``)."""
+    """Paged attention over a FlashInfer CSR (docs/contract.md; semantics of ``reference.paged_attention``)."""
 
     name: str
 

@@ -1,6 +1,6 @@
 """Paged attention in pure PyTorch with FlashInfer's semantics, and the backend that serves it on any device.
 
-The contract (``serving_anchors.md`` section 3.4), on the same CSR a FlashInfer wrapper is planned with:
+The contract (docs/contract.md, "Paged attention"), on the same CSR a FlashInfer wrapper is planned with:
 
 - Gather order: row b reads pages ``indices[indptr[b]:indptr[b+1]]`` in order, all ``page_size`` slots of each but
   the last, which gives ``last_page_len[b]``; ``kv_len = (pages - 1) * page_size + last_page_len`` (0 for no pages).

@@ -1,5 +1,5 @@
-"""Sized constructors of KvCachePool (API.md sections 1 and 3): ``allocate``, ``for_testing``, ``for_mtp``,
-``for_mtp_history``. They are bound onto ``KvCachePool`` as classmethods."""
+"""Sized constructors of KvCachePool (docs/contract.md, "Construction and sizing"): ``allocate``, ``for_testing``,
+``for_mtp``, ``for_mtp_history``. They are bound onto ``KvCachePool`` as classmethods."""
 
 from __future__ import annotations
 

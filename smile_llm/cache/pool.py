@@ -114,7 +114,7 @@ def _check_scales(dtype: torch.dtype, k_scale: Any, v_scale: Any) -> None:
 
 
 class KvCachePool:
-    """Static paged K/V pool with an embedded radix prefix cache. See ``API.md`` section 3 for the contract."""
+    """Static paged K/V pool with an embedded radix prefix cache. See docs/contract.md for the contract."""
 
     DEFAULT_PAGE_SIZE = 16
 
@@ -151,7 +151,7 @@ class KvCachePool:
         self._graph_csr = GraphCsr(self._page_size, self._num_slots // self._page_size, self._device)
         self._prefetch = PrefetchState()
 
-    # ------------------------------------------------------------------ factories (API.md section 1 and 3)
+    # ------------------------------------------------------------------ factories (docs/contract.md, sizing)
     allocate = classmethod(factories.allocate)
     for_testing = classmethod(factories.for_testing)
     for_mtp = classmethod(factories.for_mtp)
@@ -272,7 +272,7 @@ class KvCachePool:
                              f"(bind it first, or it was finished, unbound or released by an exclusive bind)")
         return b
 
-    # ------------------------------------------------------------------ binding verbs (API.md 3.1)
+    # ------------------------------------------------------------------ binding verbs (docs/contract.md)
     @_locked
     @_journaled
     def bind_request(self, prompt_tokens: Any, total_capacity: int, *, reuse_prefix: bool = True) -> int:
@@ -469,7 +469,7 @@ class KvCachePool:
             raise KvCacheExhaustedError(
                 f"need end_pos={end_pos}, bound capacity={self._step.min_capacity} (pool does not grow)")
 
-    # ------------------------------------------------------------------ writing and reading KV (API.md 3.2)
+    # ------------------------------------------------------------------ writing and reading KV (docs/contract.md)
     def _check_layer(self, layer: Any) -> int:
         if type(layer) is int and 0 <= layer < self._num_layers:
             return layer
@@ -597,7 +597,7 @@ class KvCachePool:
                                "after unbind_requests() and with an empty prefix tree")
         self._kv.k_scale, self._kv.v_scale = float(k_scale), float(v_scale)
 
-    # ------------------------------------------------------------------ FlashInfer CSR metadata (API.md 3.3)
+    # ------------------------------------------------------------------ FlashInfer CSR metadata (docs/contract.md)
     @_locked
     def build_flashinfer_metadata(self, lengths: Any) -> FlashInferKvMetadata:
         """A caller-owned CSR of the active rows at ``lengths`` (an int for every row, or one per row; 0 gives an
@@ -625,7 +625,7 @@ class KvCachePool:
         """The step CSR, or None when there is none."""
         return self._step.csr.meta if self._step is not None else None
 
-    # ------------------------------------------------------------------ speculative seal and truncate (API.md 3.4)
+    # ------------------------------------------------------------------ seal and truncate (docs/contract.md)
     # (the region table of a row after a verify window is in smile_llm/cache/step.py, above ActiveStep.seal)
     @_locked
     @_journaled
@@ -664,7 +664,7 @@ class KvCachePool:
         ValueError for a negative or reversed range, one past a row's capacity, or one below its matched prefix."""
         self._require_step().invalidate(self._kv, self._table.kv_len, from_pos, end_pos)
 
-    # ------------------------------------------------------------------ CUDA-graph fixed buffers (API.md 3.5)
+    # ------------------------------------------------------------------ CUDA-graph fixed buffers (docs/contract.md)
     @_locked
     def num_pages_for_length(self, length: int) -> int:
         """Pages a row of ``length`` tokens spans: ``ceil(length / page_size)``.
@@ -914,7 +914,7 @@ class KvCachePool:
         """The attached state pools, in attach order."""
         return tuple(self._states)
 
-    # ------------------------------------------------------------------ offload and restore (API.md 3.6)
+    # ------------------------------------------------------------------ offload and restore (docs/contract.md)
     @_locked
     @_journaled
     def offload_request(self, request_id: int) -> OffloadedKv:
@@ -984,7 +984,7 @@ class KvCachePool:
         self._binder.grow(b, more)
         return b.capacity
 
-    # ------------------------------------------------------------------ page bytes (API.md 3.6)
+    # ------------------------------------------------------------------ page bytes (docs/contract.md)
     def _check_page(self, page: Any) -> int:
         return as_int(page, "page", minimum=0, maximum=self._pages.num_pages - 1)
 

@@ -1,6 +1,6 @@
 """LanguageModel: a checkpoint, its tokenizer, a KV pool and an attention backend, and ``generate()``.
 
-One request path (DESIGN.md section 6): ``generate`` and ``generate_batch`` turn their arguments into validated
+One request path (docs/serving.md): ``generate`` and ``generate_batch`` turn their arguments into validated
 requests (``Request.create``) and hand them to the model's own ``Server``, created on first use and shut down by
 ``close()``. Its scheduler binds (radix match, lock, private pages), prefills, steps (speculative rounds where the
 model drafts), finishes (the written KV goes into the prefix tree) and releases every request, whichever thread

@@ -1,6 +1,6 @@
-"""FlashInfer CSR metadata, speculative seal/truncate and the CUDA-graph fixed buffers (API.md 3.3-3.5).
+"""FlashInfer CSR metadata, speculative seal/truncate and the CUDA-graph fixed buffers (docs/contract.md).
 
-Smile's KvCachePoolTest 20-30 and FlashInferKvMetadataTest (reference 8.1, 8.3), adapted where a Fix rule applies,
+Smile's KvCachePoolTest 20-30 and FlashInferKvMetadataTest, adapted where a Fix rule applies (docs/contract.md),
 plus address-stability checks: after a bump and after ``prepare_verify_graph_step`` across page growth, every fixed
 buffer keeps its ``data_ptr()``, and ``consume_verify_graph_meta_realloc`` is True exactly when one moved.
 """

@@ -1,4 +1,4 @@
-"""Smile's KvCachePoolTest scenarios 1-19 (reference section 8.1), adapted to this project's Fix rules.
+"""Smile's KvCachePoolTest scenarios 1-19, adapted to the differences from Smile in docs/contract.md.
 
 Where a Fix rule changes Smile's expected value, the test says which rule and why.
 Tensors are ``[B, S, Hkv=2, D=16]`` as in Smile's ``tinyLayout(layers, batch, seq) = of(L, 64, 4, 2, B, S)``.

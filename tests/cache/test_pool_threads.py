@@ -1,8 +1,8 @@
 """Several Python threads binding, finishing, offloading and allocating on one pool: every call is atomic under
 the pool's lock, so the invariants hold throughout and every page is accounted for at the end.
 
-Step verbs (activate_step + put) belong to one driver at a time (API.md section 3); the threads take turns as the
-driver through ``driver`` while the others keep binding, finishing and allocating concurrently."""
+Step verbs (activate_step + put) belong to one driver at a time (docs/contract.md, Conventions); the threads take
+turns as the driver through ``driver`` while the others keep binding, finishing and allocating concurrently."""
 
 from __future__ import annotations
 

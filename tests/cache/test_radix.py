@@ -40,7 +40,7 @@ def sizes(cache: RadixCache) -> tuple[int, int, int]:
     return cache.evictable_size, cache.protected_size, cache.total_size()
 
 
-# ================================================================================= Smile RadixCacheTest (section 8.2)
+# ================================================================================= Smile RadixCacheTest
 def test_given_empty_cache_when_insert_single_sequence_then_match_returns_full_sequence() -> None:
     # Given
     cache = RadixCache()

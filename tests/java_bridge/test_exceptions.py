@@ -186,6 +186,6 @@ def test_checked_exception_undeclared_arrives_as_undeclared_throwable(jvm: Jvm, 
 def test_python_error_in_checked_interface_is_mapped_only_when_bridged(jvm: Jvm) -> None:
     out = str(drivers(jvm).callChecked(BridgedService(), "python"))
     assert out == "RuntimeException java.lang.IllegalArgumentException: plain python error"
-    # without the decorator JPype's own proxy exception carries no message (reference section 1.4)
+    # without the decorator JPype's own proxy exception carries no message
     exc = drivers(jvm).callCheckedThrowable(RawService(), "python")
     assert str(exc.getClass().getName()) == "org.jpype.PyExceptionProxy"

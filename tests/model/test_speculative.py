@@ -1,4 +1,4 @@
-"""Speculative decoding with the MTP head (reference sections 6.3-6.6, 8.4, 8.6, 8.7).
+"""Speculative decoding with the MTP head (docs/speculative.md; docs/contract.md for the pool's seal and truncate).
 
 - the acceptance rules: ``accept_greedy``'s table and errors, ``accept_rejection``'s output distribution;
 - losslessness at temperature 0: the default model and random tiny MTP models (Qwen3 tied, Qwen2, Llama, and one

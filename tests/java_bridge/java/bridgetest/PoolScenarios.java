@@ -13,7 +13,7 @@ import smile.llm.cache.KvCachePool;
 import smile.llm.python.Bridge;
 
 /**
- * Smile's {@code KvCachePoolTest} scenarios (reference section 8.1) that the Java interface can express, run
+ * Smile's {@code KvCachePoolTest} scenarios that the Java interface can express, run
  * against the Python pool through the bridge, with the values the Python port ({@code tests/cache/
  * test_pool_smile.py}) expects where a Fix rule changed Smile's. Every pool is {@link Audited}: the invariants are
  * checked after every operation. Tensors are {@code [B, S, Hkv=2, D=16]} as in Smile's {@code tinyLayout}.

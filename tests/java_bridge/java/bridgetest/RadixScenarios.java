@@ -9,7 +9,7 @@ import smile.llm.cache.KvCachePool;
 import smile.llm.cache.RadixCache;
 
 /**
- * Smile's {@code RadixCacheTest} scenarios (reference section 8.2) through {@code pool.radixCache()}: the tree
+ * Smile's {@code RadixCacheTest} scenarios through {@code pool.radixCache()}: the tree
  * is filled the way a JVM application fills it (bind, write the KV, {@code finishRequest}), so the "kv indices"
  * are the slots the request wrote, read back with {@code slotIndices}. Locking is a bound request's match,
  * eviction is {@code pool.evict}. Pools are {@link Audited}.
