@@ -43,8 +43,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from smile_llm.cache import KvCacheExhaustedError
-from smile_llm.model import GenerationCancelled
+from smile_llm import KvCacheExhaustedError
+from smile_llm import GenerationCancelled
 
 T = TypeVar("T")
 

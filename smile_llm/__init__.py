@@ -1,7 +1,8 @@
 """smile-llm: the LLM serving core of Smile in Python.
 
-The facade: the paged KV-cache pool with its radix prefix cache, the language model with ``generate()``, and the
-errors callers handle.
+The facade: what callers use. The language model (``generate``, ``chat``, ``stream``), the engine and the requests
+it takes and returns, the paged KV-cache pool with its radix prefix cache, and every error a caller may handle.
+Everything else is internal and may move.
 """
 
 from .cache import (
@@ -9,21 +10,55 @@ from .cache import (
     KvCacheExhaustedError,
     KvCacheLayout,
     KvCachePool,
+    NoActiveStepError,
+    PoolClosedError,
     RadixCache,
+    RequestOffloadedError,
 )
-from .model import Completion, GenerationCancelled, GenerationListener, LanguageModel, ModelConfig
+from .engine import InferenceEngine
+from .model import DEFAULT_DRAFT_DIR, Completion, GenerationCancelled, GenerationListener, LanguageModel, ModelConfig
+from .model.errors import (
+    ChatTemplateError,
+    CheckpointError,
+    ConfigError,
+    ModelFileError,
+    RenderBudgetError,
+    TokenizerError,
+)
+from .model.request import AUTO, EngineShutdownError, RequestHandle, RequestTypeError, SamplingParams
+from .model.samples import SampleGroup
+from .model.streaming import StreamChunk, TokenStream
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AUTO",
+    "ChatTemplateError",
+    "CheckpointError",
     "Completion",
+    "ConfigError",
+    "DEFAULT_DRAFT_DIR",
+    "EngineShutdownError",
     "GenerationCancelled",
     "GenerationListener",
+    "InferenceEngine",
     "KvCacheCorruptionError",
     "KvCacheExhaustedError",
     "KvCacheLayout",
     "KvCachePool",
     "LanguageModel",
     "ModelConfig",
+    "ModelFileError",
+    "NoActiveStepError",
+    "PoolClosedError",
     "RadixCache",
+    "RenderBudgetError",
+    "RequestHandle",
+    "RequestOffloadedError",
+    "RequestTypeError",
+    "SampleGroup",
+    "SamplingParams",
+    "StreamChunk",
+    "TokenStream",
+    "TokenizerError",
 ]

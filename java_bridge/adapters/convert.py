@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from jpype import JByte, JClass
 
-from smile_llm.cache import KvCacheLayout
+from smile_llm import KvCacheLayout
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
           "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}

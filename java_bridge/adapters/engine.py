@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from jpype import JClass, JImplements
 
-from smile_llm.engine import InferenceEngine
+from smile_llm import InferenceEngine
 from smile_llm.model.decoder import PREFILL_CHUNK
 
 from ..errors import bridged

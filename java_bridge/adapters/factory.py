@@ -6,7 +6,7 @@ from typing import Any
 
 from jpype import JImplements
 
-from smile_llm.cache import KvCacheLayout, KvCachePool, RadixCache
+from smile_llm import KvCacheLayout, KvCachePool, RadixCache
 
 from ..errors import bridged
 from ..threads import pin_current_thread

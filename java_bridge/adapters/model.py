@@ -7,9 +7,8 @@ from typing import Any, cast
 import numpy as np
 from jpype import JArray, JClass, JImplements
 
-from smile_llm.model import LanguageModel
-from smile_llm.model.request import Request, SamplingParams
-from smile_llm.model.sequence import Completion
+from smile_llm import Completion, LanguageModel, SamplingParams
+from smile_llm.model.request import Request
 
 from ..errors import bridged, translated
 from .chat import python_messages, python_template_vars

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from jpype import JArray, JClass, JImplements, JInt
 
-from smile_llm.cache import KvCachePool
+from smile_llm import KvCachePool
 
 from ..errors import bridged
 from .convert import buffer_view, checked_int, int_array, int_or_array, java_device, java_scalar_type

@@ -14,9 +14,7 @@ from typing import Any, cast
 
 from jpype import JArray, JClass, JFloat, JImplements, JInt
 
-from smile_llm.model import LanguageModel
-from smile_llm.model.request import RequestHandle, SamplingParams
-from smile_llm.model.sequence import Completion
+from smile_llm import Completion, LanguageModel, RequestHandle, SamplingParams
 
 from ..errors import bridged, to_java
 from .convert import int_array

@@ -15,7 +15,7 @@ from typing import Any
 
 from jpype import JClass
 
-from smile_llm.model.request import AUTO, SamplingParams
+from smile_llm import AUTO, SamplingParams
 
 # Python field -> the Java SamplingParams builder's name (fields spelled alike in both are left out)
 BUILDER_NAMES = {"max_new_tokens": "maxNewTokens", "top_p": "topP", "top_k": "topK", "min_p": "minP",
