@@ -76,6 +76,9 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.tp = tp if tp is not None and tp.size > 1 else None  # None: one rank
+        if self.tp is not None and vocab_size is None:  # the shard's size would silently cut every logits row
+            raise ValueError("a tensor-parallel Transformer needs vocab_size, the whole vocabulary (config holds "
+                             "this rank's partition)")
         self.vocab_size = vocab_size or config.vocab_size  # the whole vocabulary (config has this rank's partition)
         self.leader: Any = None  # rank 0 of a tensor-parallel group: sends each forward to the followers
         self.model = DecoderModel(config)

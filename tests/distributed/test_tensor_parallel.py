@@ -163,3 +163,13 @@ def test_the_sharding_plan() -> None:
                                  "intermediate_size": 96})
     with pytest.raises(ValueError, match="neither divides nor is a multiple of the 4 KV heads"):
         check_shardable(odd, 3)
+
+
+def test_a_tensor_parallel_transformer_needs_the_whole_vocabulary(folder: Path) -> None:
+    from smile_llm.model import Transformer
+
+    config = ModelConfig.from_pretrained(folder)
+    tp = TensorParallel(0, 2)
+    with pytest.raises(ValueError, match="needs vocab_size"):
+        Transformer(local_config(config, tp), tp)
+    assert Transformer(local_config(config, tp), tp, vocab_size=config.vocab_size).vocab_size == config.vocab_size
