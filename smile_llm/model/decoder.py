@@ -23,7 +23,8 @@ from ..cache import KvCachePool
 
 from .choice import choose_next
 from .draft_policy import DraftPolicy, ThroughputPolicy
-from .draft_tree import MAX_BRANCHING, MAX_TREE_NODES, DraftTree, TreeAccept, accept_tree, tree_nodes
+from .draft_tree import (MAX_BRANCHING, MAX_TREE_NODES, DraftTree, TreeAccept, accept_tree, tree_nodes,
+                         window_mask)
 from .drafters import Drafter
 from .sampling import probabilities, sample
 from .sequence import Sequence
@@ -390,7 +391,8 @@ class Decoder:
         self._activate(seqs)
         last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64, device=self.pool.device)
         start = np.array([s.last_pos for s in seqs], dtype=np.int64)
-        out = self.transformer(torch.cat([last, tokens], dim=1), start, self.pool, self.backend, tree=tree)
+        out = self.transformer(torch.cat([last, tokens], dim=1), start, self.pool, self.backend,
+                               offsets=tree.depths(), mask=window_mask(tree, start))
         depths = tree.depths()
         results = [self._accept_tree(seq, tree, b, depths[b], out.logits[b]) for b, seq in enumerate(seqs)]
         kept = np.array([r.num_accepted for r in results], dtype=np.int64)

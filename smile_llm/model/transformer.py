@@ -23,7 +23,6 @@ from ..distributed.group import TensorParallel
 from .config import ModelConfig
 from .context import ForwardContext, LayerContext, RopeTable
 from .draft_chain import DraftChain
-from .draft_tree import DraftTree, window_mask
 from .hybrid_layer import HybridDecoderLayer, layer_indices
 from .layers import DecoderLayer, RMSNorm, rope_inv_freq
 from .mtp import MtpHead
@@ -115,15 +114,15 @@ class Transformer(nn.Module):
         return self.model.embed_tokens.weight.dtype
 
     def context(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
-                valid: np.ndarray | None = None, keep_states: bool = False,
-                tree: DraftTree | None = None) -> ForwardContext:
+                valid: np.ndarray | None = None, keep_states: bool = False, offsets: np.ndarray | None = None,
+                mask: torch.Tensor | None = None) -> ForwardContext:
         """A ``ForwardContext`` for a window of ``seqlen`` positions starting at ``start[b]`` of the pool's active rows,
         with this model's RoPE tables and head geometry; ``valid[b]``: row b's real positions (right padding after);
-        ``keep_states``: keep the DeltaNet state after every position (a verify window); ``tree``: the window is
-        ``[root, tree nodes]`` (RoPE at each node's depth, attention to its ancestors; ``draft_tree``)."""
+        ``keep_states``: keep the DeltaNet state after every position (a verify window); ``offsets`` (int64
+        ``[B, seqlen]``): column s of row b sits at position ``start[b] + offsets[b, s]`` instead of
+        ``start[b] + s``; ``mask``: the attention mask in FlashInfer's ``custom_mask`` layout (bool, row after row:
+        the ``[seqlen, start[b] + seqlen]`` block of which keys each query sees) instead of the causal one."""
         c = self.config
-        offsets = None if tree is None else tree.depths()
-        mask = None if tree is None else window_mask(tree, start)
         return ForwardContext(pool, backend, start, seqlen, self.rope(start, seqlen, offsets), c.num_attention_heads,
                               c.num_key_value_heads, c.head_dim, self.dtype, valid, keep_states, self.tp, mask)
 
@@ -136,17 +135,19 @@ class Transformer(nn.Module):
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: np.ndarray, pool: KvCachePool,
                 backend: AttentionBackend, logit_cols: np.ndarray | None = None,
-                keep_states: bool = False, tree: DraftTree | None = None) -> ForwardOutput:
+                keep_states: bool = False, offsets: np.ndarray | None = None,
+                mask: torch.Tensor | None = None) -> ForwardOutput:
         """``tokens`` int64 ``[B, S]`` for the pool's active rows at positions ``start[b] + [0, S)``. With
         ``logit_cols`` (int64 ``[B]``) the LM head runs only at column ``logit_cols[b]`` of each row and ``logits``
         is ``[B, 1, vocab]`` (a prefill needs the last prompt position's logits alone); ``hidden`` keeps every
         position. ``keep_states`` (a verify window on a hybrid model): ``ForwardOutput.states`` can ``rewind``.
-        ``tree``: a token-tree verify window ``[root, nodes]`` (``draft_tree``; one rank, attention layers only)."""
+        ``offsets`` and ``mask`` (a token-tree verify window: positions by depth, attention to ancestors) as in
+        ``context``; one rank and attention layers only (ValueError otherwise)."""
         valid = None if logit_cols is None else np.asarray(logit_cols, dtype=np.int64) + 1  # padding follows
-        if tree is not None and (self.leader is not None or pool.state_pools):
+        if (offsets is not None or mask is not None) and (self.leader is not None or pool.state_pools):
             raise ValueError("token-tree verify windows need a dense model on one rank (no tensor parallelism, no "
                              "DeltaNet layers)")
-        ctx = self.context(pool, backend, start, tokens.shape[1], valid, keep_states, tree)  # checks every input
+        ctx = self.context(pool, backend, start, tokens.shape[1], valid, keep_states, offsets, mask)  # checks inputs
         if self.leader is None:
             return self.run(tokens, ctx, logit_cols)
         with self.leader.forward(pool, tokens, start, logit_cols, keep_states):  # the followers run it too

@@ -23,7 +23,7 @@ from smile_llm.attention.flashinfer import FlashInferBackend, flashinfer_availab
 from smile_llm.attention.reference import ReferenceBackend
 from smile_llm.cache import KvCachePool
 from smile_llm.model import LanguageModel, ModelConfig, Transformer
-from smile_llm.model.draft_tree import DraftTree
+from smile_llm.model.draft_tree import DraftTree, window_mask
 
 pytestmark = [
     pytest.mark.cuda,
@@ -62,9 +62,10 @@ def test_a_tree_verify_forward_through_flashinfer_equals_the_reference() -> None
     tree = DraftTree(tokens, parents)
     window = torch.cat([torch.tensor([[p[-1]] for p in PROMPTS]), tokens], dim=1).cuda()
     start = np.array([len(p) - 1 for p in PROMPTS])
-    want = tr(window, start, _prefilled_pool(tr), ReferenceBackend(), tree=tree).logits.float()
+    offsets, mask = tree.depths(), window_mask(tree, start)
+    want = tr(window, start, _prefilled_pool(tr), ReferenceBackend(), offsets=offsets, mask=mask).logits.float()
     backend = FlashInferBackend("cuda")
-    got = tr(window, start, _prefilled_pool(tr), backend, tree=tree).logits.float()
+    got = tr(window, start, _prefilled_pool(tr), backend, offsets=offsets, mask=mask).logits.float()
     assert backend.kernel == "prefill"
     assert torch.isfinite(got).all()
     err, scale = (got - want).abs().max().item(), want.abs().max().item()

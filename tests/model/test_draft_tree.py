@@ -13,7 +13,7 @@ import torch
 
 from smile_llm.engine import InferenceEngine
 from smile_llm.model import LanguageModel
-from smile_llm.model.draft_tree import DraftTree, accept_tree
+from smile_llm.model.draft_tree import DraftTree, accept_tree, window_mask
 from smile_llm.model.drafters import NgramDrafter
 from smile_llm.model.request import SamplingParams
 
@@ -61,7 +61,7 @@ def test_tree_verify_logits_equal_transformers_on_every_path(zoo) -> None:
     tokens = torch.tensor([[11, 12, 13, 14, 15, 16, 17, 18]])
     tree = DraftTree(tokens, parents)
     out = lm.transformer(torch.cat([torch.tensor([[PROMPT[-1]]]), tokens], dim=1), start, pool, lm.backend,
-                         tree=tree)
+                         offsets=tree.depths(), mask=window_mask(tree, start))
     for slot, path in enumerate(tree.paths(0)):
         want = hf.logits(PROMPT + path)[-1]
         assert float((out.logits[0, slot] - want).abs().max()) < 2e-5, f"slot {slot}, path {path}"
