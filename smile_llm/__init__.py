@@ -15,6 +15,7 @@ from .cache import (
     RadixCache,
     RequestOffloadedError,
 )
+from .distributed.lockstep import LockstepError
 from .engine import InferenceEngine
 from .model import DEFAULT_DRAFT_DIR, Completion, GenerationCancelled, GenerationListener, LanguageModel, ModelConfig
 from .model.errors import (
@@ -47,6 +48,7 @@ __all__ = [
     "KvCacheLayout",
     "KvCachePool",
     "LanguageModel",
+    "LockstepError",
     "ModelConfig",
     "ModelFileError",
     "NoActiveStepError",
