@@ -23,10 +23,12 @@ from .model.errors import (
     CheckpointError,
     ConfigError,
     ModelFileError,
+    EngineShutdownError,
     RenderBudgetError,
+    RequestTypeError,
     TokenizerError,
 )
-from .model.request import AUTO, EngineShutdownError, RequestHandle, RequestTypeError, SamplingParams
+from .model.request import AUTO, RequestHandle, SamplingParams
 from .model.samples import SampleGroup
 from .model.streaming import StreamChunk, TokenStream
 

@@ -16,7 +16,8 @@ from typing import Any
 
 from ..model.decoder import PREFILL_CHUNK
 from ..model.language_model import LanguageModel
-from ..model.request import EngineShutdownError, Request, RequestHandle, SamplingParams
+from ..model.errors import EngineShutdownError
+from ..model.request import Request, RequestHandle, SamplingParams
 from ..model.samples import SampleGroup
 from ..model.scheduler import DEFAULT_MAX_RUNNING, Scheduler
 from ..model.sequence import Completion

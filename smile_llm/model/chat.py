@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .chat_limits import RenderLimits
-from .errors import ChatTemplateError, RenderBudgetError
+from .errors import ChatTemplateError, RenderBudgetError, RequestTypeError
 from .json_file import read_json
-from .request import RequestTypeError
 
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"

@@ -1,8 +1,8 @@
-"""Typed errors for what a model folder holds: ``config.json``, the safetensors checkpoint, ``tokenizer.json`` and
-the chat template.
+"""Typed errors of the model package: what a model folder holds (``config.json``, the safetensors checkpoint,
+``tokenizer.json``, the chat template) and what a request meets (a field of the wrong type, cancellation, shutdown).
 
-Every one is a ``ValueError`` (callers that catch ValueError for bad input catch them all) whose message names the
-file (when there is one) and the field, tensor or template at fault. ``path`` and ``field`` keep both for code that
+Every model-file error is a ``ValueError`` (callers that catch ValueError for bad input catch them all) whose
+message names the file (when there is one) and the field, tensor or template at fault. ``path`` and ``field`` keep both for code that
 wants them without parsing the message.
 """
 
@@ -52,3 +52,17 @@ class ChatTemplateError(ValueError):
 class RenderBudgetError(ChatTemplateError):
     """A chat template's render exceeded one of its limits (``chat_limits``: time, size, range, call depth); the
     message names the limit."""
+
+
+class GenerationCancelled(RuntimeError):
+    """The request was cancelled (``cancel()`` returned True, ``RequestHandle.cancel``, or a shutdown that cancels
+    pending work); its KV was released."""
+
+
+class RequestTypeError(TypeError, ValueError):
+    """A request field of the wrong type. Also a ValueError, so callers that catch ValueError for bad input catch
+    every invalid request."""
+
+
+class EngineShutdownError(RuntimeError):
+    """The engine or model was shut down before the request completed, or a request came after shutdown."""

@@ -31,8 +31,8 @@ from .decoder import Decoder
 from .draft_chain import DraftChain
 from .draft_policy import DraftPolicy
 from .drafters import Drafter, build_drafter
-from .request import (SAMPLING_FIELDS, GenerationCancelled, Request, RequestHandle, RequestTypeError, SamplingParams,
-                      check_keywords, check_prompt)
+from .errors import GenerationCancelled, RequestTypeError
+from .request import SAMPLING_FIELDS, Request, RequestHandle, SamplingParams, check_keywords, check_prompt
 from .samples import SampleGroup
 from . import streaming
 from .sequence import Completion

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import MAX_SPECULATIVE_TOKENS
 from .draft_tree import MAX_BRANCHING, MAX_TREE_NODES
+from .errors import EngineShutdownError, GenerationCancelled, RequestTypeError
 from .listener import LISTENER_EVENTS, TextCallback
 from .logits_processing import LogitsProcessing
 from .sampling import GREEDY_TEMPERATURE
@@ -36,20 +37,6 @@ AUTO = "auto"  # ``speculative_tokens="auto"``: the model's draft policy chooses
 MAX_LOGPROBS = 20  # top alternatives per token (``logprobs``, ``prompt_logprobs``), as OpenAI and vLLM allow
 MAX_SAMPLES = 128  # ``n``: samples of one prompt
 MAX_TREE_DEPTH = 7  # ``draft_tree`` depths (the most drafts per round, MAX_SPECULATIVE_TOKENS)
-
-
-class GenerationCancelled(RuntimeError):
-    """The request was cancelled (``cancel()`` returned True, ``RequestHandle.cancel``, or a shutdown that cancels
-    pending work); its KV was released."""
-
-
-class RequestTypeError(TypeError, ValueError):
-    """A request field of the wrong type. Also a ValueError, so callers that catch ValueError for bad input catch
-    every invalid request."""
-
-
-class EngineShutdownError(RuntimeError):
-    """The engine or model was shut down before the request completed, or a request came after shutdown."""
 
 
 def _is_int(value: Any) -> bool:

@@ -37,7 +37,8 @@ import numpy as np
 from ..cache import KvCacheExhaustedError
 from ..cache.offload import OffloadedKv
 from .decoder import BATCHED_PREFILL_TOKENS, PREFILL_CHUNK
-from .request import GenerationCancelled, RequestHandle
+from .errors import GenerationCancelled
+from .request import RequestHandle
 from .sequence import Sequence
 
 if TYPE_CHECKING:

@@ -25,7 +25,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .request import EngineShutdownError, GenerationCancelled, Request, RequestHandle
+from .errors import EngineShutdownError, GenerationCancelled
+from .request import Request, RequestHandle
 from .samples import SampleGroup, sample_requests
 from .scheduler import Job, Scheduler
 

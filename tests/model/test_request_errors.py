@@ -11,7 +11,7 @@ import torch
 
 from smile_llm import LanguageModel
 from smile_llm.engine import InferenceEngine, SamplingParams
-from smile_llm.model.request import RequestTypeError
+from smile_llm import RequestTypeError
 
 PROMPT = "def main(argv):\n"
 NEW = 12

@@ -11,7 +11,7 @@ import torch
 
 from smile_llm.engine import InferenceEngine
 from smile_llm.model import LanguageModel, decoder
-from smile_llm.model.request import GenerationCancelled, SamplingParams
+from smile_llm import GenerationCancelled, SamplingParams
 from smile_llm.model.samples import SampleGroup
 
 from .conftest import LONG_PROMPT, PROMPT, assert_clean

@@ -29,7 +29,7 @@ from smile_llm.model.checkpoint_checks import check_checkpoint, expected_dense_t
 from smile_llm.model.errors import (ChatTemplateError, CheckpointError, ConfigError, ModelFileError,
                                     RenderBudgetError, TokenizerError)
 from smile_llm.model.hybrid_layout import expected_hybrid_tensors
-from smile_llm.model.request import RequestTypeError
+from smile_llm import RequestTypeError
 from smile_llm.model.tokenizer import load_tokenizer
 from smile_llm.model.weights import checkpoint_shapes, read_checkpoint
 
