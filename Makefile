@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(PY) -m smile_llm demo --kind hybrid
 
 test: $(STAMP)
-	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/distributed smile_llm/model smile_llm/engine smile_llm/lab java_bridge
+	$(PY) -m mypy smile_llm java_bridge
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
@@ -32,7 +32,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/speculative.py
 
 typecheck: $(STAMP)
-	$(PY) -m mypy smile_llm/cache smile_llm/attention smile_llm/distributed smile_llm/model smile_llm/engine smile_llm/lab java_bridge
+	$(PY) -m mypy smile_llm java_bridge
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache

@@ -42,7 +42,7 @@ import torch
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # after PYTHONPATH
 import smile_llm  # noqa: E402
-from smile_llm.model.language_model import LanguageModel  # noqa: E402
+from smile_llm.language_model import LanguageModel  # noqa: E402
 from bench_env import code_version  # noqa: E402
 
 PROMPT = "The paged KV cache keeps every request's keys and values in fixed pages of a static pool; "

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from smile_llm.model.deltanet import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from smile_llm.models.deltanet import chunk_gated_delta_rule, recurrent_gated_delta_rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_env import code_version  # noqa: E402

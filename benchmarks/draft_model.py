@@ -69,7 +69,7 @@ def main() -> None:
     if args.quick:
         args.prompts, args.new, args.repeats, args.ks, args.layers, args.no_self = 2, 60, 1, "3", "8", True
     from smile_llm import LanguageModel
-    from smile_llm.model.language_model import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR
+    from smile_llm.models.shipped import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIR
 
     torch.set_num_threads(1)
     ks = [int(k) for k in args.ks.split(",")]

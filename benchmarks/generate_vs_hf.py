@@ -36,8 +36,8 @@ def default_model(args) -> float:
     from transformers import Qwen3ForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from smile_llm.model import LanguageModel
-    from smile_llm.model.language_model import DEFAULT_MODEL_DIR
+    from smile_llm.language_model import LanguageModel
+    from smile_llm.models.shipped import DEFAULT_MODEL_DIR
 
     hf_logging.set_verbosity_error()
     hf, info = Qwen3ForCausalLM.from_pretrained(str(DEFAULT_MODEL_DIR), torch_dtype=torch.float32,
@@ -92,7 +92,7 @@ def main() -> None:
         args.repeats, args.new, args.default_new = 2, 50, 50
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from smile_llm.model import LanguageModel
+    from smile_llm.language_model import LanguageModel
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -101,7 +101,7 @@ def trained_model(args: argparse.Namespace) -> str:
     import transformers
 
     from smile_llm import LanguageModel
-    from smile_llm.model.language_model import DEFAULT_MODEL_DIRS
+    from smile_llm.models.shipped import DEFAULT_MODEL_DIRS
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from speculative import stdlib_prompts

@@ -51,7 +51,7 @@ def child(mode: str, requests: int, new: int) -> dict:
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
-        from smile_llm.model.language_model import DEFAULT_MODEL_DIR
+        from smile_llm.models.shipped import DEFAULT_MODEL_DIR
 
         hf = Qwen3ForCausalLM.from_pretrained(str(DEFAULT_MODEL_DIR), torch_dtype=torch.float32).eval()
         ids = [list((system_prompt(1000) + SUFFIXES[i % len(SUFFIXES)]).encode()) for i in range(requests)]
@@ -97,8 +97,8 @@ def main() -> None:
     import torch
 
     from smile_llm.cache import KvCachePool
-    from smile_llm.model.config import ModelConfig
-    from smile_llm.model.language_model import DEFAULT_MODEL_DIR
+    from smile_llm.models.config import ModelConfig
+    from smile_llm.models.shipped import DEFAULT_MODEL_DIR
 
     res = {}
     for mode in ("torch", "load", "batch", "hf_batch"):

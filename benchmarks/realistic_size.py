@@ -136,11 +136,11 @@ def main() -> None:
         args.repeats, args.new = 2, 16
     from transformers.utils import logging as hf_logging
 
-    from smile_llm.attention import reference
-    from smile_llm.model import LanguageModel
+    from smile_llm.attention import torch_plan
+    from smile_llm.language_model import LanguageModel
 
     if args.no_spans:
-        reference.SPAN_MIN_TOKENS = 1 << 62  # _spans then lists a row only when its slots are one run
+        torch_plan.SPAN_MIN_TOKENS = 1 << 62  # _spans then lists a row only when its slots are one run
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(args.threads)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Decode time of the pure-PyTorch paged attention reference on the CPU, against dense SDPA on the same K/V.
+"""Decode time of the torch paged-attention backend on the CPU, against dense SDPA on the same K/V.
 
 For B rows of ``ctx`` tokens (Hq 8, Hkv 2, head_dim 64, page_size 16, float32) written into a real KvCachePool, one
-decode query per row: ``ReferenceBackend.run`` per layer after one ``plan`` per step (what a model pays per layer)
+decode query per row: ``TorchBackend.run`` per layer after one ``plan`` per step (what a model pays per layer)
 against ``torch.nn.functional.scaled_dot_product_attention`` on the same K/V already laid out densely as
 ``[B, Hq, ctx, D]`` (the peer: no paging, no gather, the GQA heads pre-expanded). Medians of ``--repeats``.
 
@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from smile_llm.attention import ReferenceBackend
+from smile_llm.attention import TorchBackend
 from smile_llm.cache import KvCachePool
 
 HQ, HKV, D, PS = 8, 2, 64, 16
@@ -44,7 +44,7 @@ def case(batch: int, ctx: int, repeats: int) -> tuple[float, float, float]:
     pool.put(0, 0, k, v)
     q = torch.randn(batch, HQ, D, generator=gen)
     meta = pool.shared_flashinfer_metadata(ctx)
-    backend = ReferenceBackend()
+    backend = TorchBackend()
     plan_ms = median_ms(lambda: backend.plan(meta, num_qo_heads=HQ, num_kv_heads=HKV, head_dim=D), repeats)
     k_layer, v_layer = pool.key_layer(0).view(-1, PS, HKV, D), pool.value_layer(0).view(-1, PS, HKV, D)
     ours = median_ms(lambda: backend.run(q, k_layer, v_layer), repeats)

@@ -56,9 +56,9 @@ def step_seconds(lm, prompts: list[str], batch: int, repeats: int) -> float:
 
 def choice_seconds(lm, prompts: list[str], batch: int, options: dict, iters: int) -> float:
     """Best-of-5 seconds of one ``choose_next`` over ``batch`` rows with ``options`` (64 tokens of history)."""
-    from smile_llm.model.choice import choose_next
-    from smile_llm.model.request import Request, SamplingParams
-    from smile_llm.model.sequence import Sequence
+    from smile_llm.sampling.next_tokens import choose_next
+    from smile_llm.serving.request import Request, SamplingParams
+    from smile_llm.serving.sequence import Sequence
 
     seqs = [Sequence(lm, Request.create(lm, prompts[b % len(prompts)], SamplingParams(1000, **options)), b + 1, 0, 4096)
             for b in range(batch)]

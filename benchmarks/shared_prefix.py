@@ -91,7 +91,7 @@ def main() -> None:
 
     from smile_llm import LanguageModel
     from smile_llm.engine import InferenceEngine, SamplingParams
-    from smile_llm.model.language_model import DEFAULT_MODEL_DIR
+    from smile_llm.models.shipped import DEFAULT_MODEL_DIR
 
     torch.set_num_threads(1)
     system = system_prompt(args.prefix_bytes)

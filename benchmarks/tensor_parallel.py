@@ -22,7 +22,6 @@ import socket
 import statistics
 import sys
 import tempfile
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,8 @@ from benchmarks.bench_env import code_version  # noqa: E402
 def build(folder: Path, hidden: int, layers: int) -> None:
     from safetensors.torch import save_file
 
-    from smile_llm.model import ModelConfig
-    from smile_llm.model.transformer import Transformer
+    from smile_llm.models.config import ModelConfig
+    from smile_llm.models.transformer import Transformer
 
     cfg = {"model_type": "qwen3", "vocab_size": 8192, "hidden_size": hidden, "num_hidden_layers": layers,
            "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2816,
@@ -70,7 +69,7 @@ def rank_main(rank: int, port: int, folder: str, args: argparse.Namespace, out: 
                        "LOCAL_RANK": str(rank)})
     import torch.distributed as dist
 
-    from smile_llm.model import LanguageModel
+    from smile_llm.language_model import LanguageModel
 
     torch.set_num_threads(1)
     cuda = args.device == "cuda"

@@ -7,9 +7,9 @@
 #                on fa2 with qo_indptr on the CSR's device
 #   head-dim-32  tests/attention/test_head_dim_fallback_cuda.py: the shipped models (head dim 32) fall back to the
 #                reference, one warning each, and generate the CPU's tokens
-#   graphs       tests/model/test_graphs_cuda.py: CUDA-graph capture and replay on a real model
-#   draft-chain  the cuda test of tests/model/test_draft_chain.py
-#   fla-core     tests/model/test_deltanet_ops_cuda.py and tests/model/test_hybrid_cuda.py (needs transformers for
+#   graphs       tests/serving/test_cuda_graphs_cuda.py: CUDA-graph capture and replay on a real model
+#   draft-chain  the cuda test of tests/speculative/test_draft_chain.py
+#   fla-core     tests/models/test_deltanet_ops_cuda.py and tests/models/test_hybrid_cuda.py (needs transformers for
 #                its fixtures): fla-core's Triton kernels, with autotuning narrowed to SMILE_FLA_AUTOTUNE_CONFIGS
 #                configurations per kernel (instead of up to 60, each compiled, per shape and dtype)
 #   tensor-parallel  with two GPUs or more: benchmarks/tensor_parallel.py --device cuda --quick
@@ -306,8 +306,8 @@ run_step flashinfer 150 tests/attention/test_flashinfer_cuda.py -k "not token_tr
 run_step token-tree 90 tests/attention/test_token_tree_cuda.py \
   "tests/attention/test_flashinfer_cuda.py::test_token_tree_masks_match_reference"
 run_step head-dim-32 90 tests/attention/test_head_dim_fallback_cuda.py
-run_step graphs 120 tests/model/test_graphs_cuda.py
-run_step draft-chain 60 tests/model/test_draft_chain.py
+run_step graphs 120 tests/serving/test_cuda_graphs_cuda.py
+run_step draft-chain 60 tests/speculative/test_draft_chain.py
 
 # fla-core autotunes its Triton kernels over up to 60 configurations each (per shape and dtype), every one compiled
 # (seconds apiece); a pytest plugin, loaded before fla, keeps SMILE_FLA_AUTOTUNE_CONFIGS of them per kernel: the
@@ -352,7 +352,7 @@ if Autotuner is not None and not getattr(Autotuner.__init__, "smile_narrowed", F
 PYEOF
 saved_path=$PYTHONPATH
 export PYTHONPATH="$plugins:$PYTHONPATH" SMILE_FLA_AUTOTUNE_CONFIGS=$FLA_CONFIGS
-run_step fla-core 240 -p smile_fla_autotune tests/model/test_deltanet_ops_cuda.py tests/model/test_hybrid_cuda.py
+run_step fla-core 240 -p smile_fla_autotune tests/models/test_deltanet_ops_cuda.py tests/models/test_hybrid_cuda.py
 export PYTHONPATH=$saved_path
 
 # ------------------------------------------------------------------------------------------- tensor parallel

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train the small default models shipped in ``smile_llm/model/default/`` and ``smile_llm/model/default_hybrid/``.
+"""Train the small default models shipped in ``smile_llm/models/default/`` and ``smile_llm/models/default_hybrid/``.
 
 A byte-level Qwen3-architecture model (``--arch dense``, the default) or a hybrid Qwen3.5 model (``--arch hybrid``:
 Gated DeltaNet and gated full-attention layers, modules in ``hybrid_train_modules.py``), each with a 1-layer MTP
@@ -396,7 +396,7 @@ def hf_check(model, out: Path, windows, hybrid: bool = False) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", choices=("dense", "hybrid"), default="dense")
-    ap.add_argument("--out", type=Path, default=None, help="default: smile_llm/model/default[_hybrid]")
+    ap.add_argument("--out", type=Path, default=None, help="default: smile_llm/models/default[_hybrid]")
     ap.add_argument("--full-every", type=int, default=4, help="hybrid: every Nth layer is full attention")
     ap.add_argument("--linear-heads", type=int, default=4, help="hybrid: DeltaNet key (= value) heads")
     ap.add_argument("--linear-head-dim", type=int, default=32, help="hybrid: DeltaNet head dim")

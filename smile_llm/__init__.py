@@ -17,8 +17,13 @@ from .cache import (
 )
 from .distributed.lockstep import LockstepError
 from .engine import InferenceEngine
-from .model import DEFAULT_DRAFT_DIR, Completion, GenerationCancelled, GenerationListener, LanguageModel, ModelConfig
-from .model.errors import (
+from .language_model import LanguageModel
+from .models.shipped import DEFAULT_DRAFT_DIR
+from .serving.completion import Completion
+from .errors import GenerationCancelled
+from .serving.listener import GenerationListener
+from .models.config import ModelConfig
+from .errors import (
     ChatTemplateError,
     CheckpointError,
     ConfigError,
@@ -28,9 +33,9 @@ from .model.errors import (
     RequestTypeError,
     TokenizerError,
 )
-from .model.request import AUTO, RequestHandle, SamplingParams
-from .model.samples import SampleGroup
-from .model.streaming import StreamChunk, TokenStream
+from .serving.request import AUTO, RequestHandle, SamplingParams
+from .serving.sample_group import SampleGroup
+from .serving.streaming import StreamChunk, TokenStream
 
 __version__ = "0.1.0"
 

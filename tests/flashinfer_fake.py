@@ -47,9 +47,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import smile_llm.attention.flashinfer as fi_backend
-from smile_llm.attention.reference import paged_attention
+from smile_llm.attention.torch_backend import paged_attention
 from smile_llm.cache.metadata import FlashInferKvMetadata
-from smile_llm.model.transformer import ForwardOutput
+from smile_llm.models.transformer import ForwardOutput
 
 HALF = (torch.float16, torch.bfloat16)
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)

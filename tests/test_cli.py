@@ -74,7 +74,7 @@ def smile(*args: str, timeout: float = 180, **kwargs) -> subprocess.CompletedPro
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The shipped default model with a small chat template: a checkpoint ``smile-llm chat`` accepts."""
-    from smile_llm.model.language_model import DEFAULT_MODEL_DIRS
+    from smile_llm.models.shipped import DEFAULT_MODEL_DIRS
 
     folder = tmp_path_factory.mktemp("chat") / "model"
     shutil.copytree(DEFAULT_MODEL_DIRS["dense"], folder)
@@ -85,7 +85,7 @@ def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def bad_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
     """Folders and files that are not model folders, each with the words its one-line error must hold."""
-    from smile_llm.model.language_model import DEFAULT_MODEL_DIRS
+    from smile_llm.models.shipped import DEFAULT_MODEL_DIRS
 
     root = tmp_path_factory.mktemp("bad_models")
     (root / "empty").mkdir()
@@ -213,7 +213,7 @@ def test_ctrl_c_in_chat_stops_the_reply_and_the_chat_goes_on(chat_model: Path) -
 def test_an_interrupted_chat_reply_releases_its_request(chat_model: Path, monkeypatch, capsys) -> None:
     """In process: the first Ctrl-C of a reply (the installed SIGINT handler, called from the listener) cancels
     the request at its next forward; the chat goes on with the next line and no request stays bound."""
-    from smile_llm.model import LanguageModel
+    from smile_llm.language_model import LanguageModel
 
     lm = LanguageModel.from_pretrained(chat_model)
     closed: list[bool] = []

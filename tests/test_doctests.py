@@ -16,8 +16,8 @@ MODULES = [
     "smile_llm.cache.layout",
     "smile_llm.cache.radix",
     "smile_llm.cache.pool",
-    "smile_llm.model.speculative",
-    "smile_llm.model.tokenizer",
+    "smile_llm.speculative.acceptance",
+    "smile_llm.models.tokenizer",
 ]
 DOCS = ["docs/contract.md", "docs/cuda.md", "docs/speculative.md"]
 

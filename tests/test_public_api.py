@@ -6,8 +6,8 @@ from __future__ import annotations
 import smile_llm
 from smile_llm.cache import errors as cache_errors
 from smile_llm.engine import engine
-from smile_llm.model import errors as model_errors
-from smile_llm.model import request
+from smile_llm import errors as model_errors
+from smile_llm.serving import request
 
 
 def test_every_public_name_resolves_to_the_objects_the_package_uses() -> None:

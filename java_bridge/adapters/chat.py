@@ -59,7 +59,7 @@ def python_value(value: Any, where: str, depth: int = 0) -> Any:
 
 def python_messages(messages: Any) -> list[dict[str, Any]]:
     """A Java ``List<Message>`` as a list of ``{"role", "content", **extras}`` dicts (the role and content checks are
-    the template's, ``smile_llm.model.chat.check_messages``). ValueError for a null list or message."""
+    the template's, ``smile_llm.models.chat_template.check_messages``). ValueError for a null list or message."""
     if messages is None:
         raise ValueError("messages must not be null")
     message_class = _cls("smile.llm.Message")

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from jpype import JClass, JImplements
 
-from smile_llm import InferenceEngine
-from smile_llm.model.decoder import PREFILL_CHUNK
+from smile_llm import InferenceEngine, LanguageModel
 
 from ..errors import bridged
 from .convert import checked_int
 from .requests import java_params, java_prompt, submit_async
 
-if TYPE_CHECKING:
-    from .model import LanguageModelAdapter
+# Java InferenceEngine.DEFAULT_PREFILL_TOKEN_BUDGET (tested equal)
+DEFAULT_PREFILL_TOKEN_BUDGET = InferenceEngine.DEFAULT_PREFILL_TOKENS_PER_STEP
 
-DEFAULT_PREFILL_TOKEN_BUDGET = PREFILL_CHUNK  # Java InferenceEngine.DEFAULT_PREFILL_TOKEN_BUDGET (tested equal)
+
+class ModelAdapter(Protocol):
+    """The Java model an engine is attached to (``ModelAdapter``): it wraps ``model``."""
+
+    model: LanguageModel
 
 
 @JImplements("smile.llm.engine.InferenceEngine", deferred=True)
@@ -25,12 +28,12 @@ class InferenceEngineAdapter:
     """A Python ``InferenceEngine`` (serving thread, batch size, prefill budget) attached to the model of
     ``model_adapter``. Requests go through the same path as ``LanguageModel.submit`` from Java."""
 
-    def __init__(self, model_adapter: LanguageModelAdapter, engine: InferenceEngine) -> None:
+    def __init__(self, model_adapter: ModelAdapter, engine: InferenceEngine) -> None:
         self._model_adapter = model_adapter
         self.engine = engine
 
     @classmethod
-    def attach(cls, model_adapter: LanguageModelAdapter, max_in_flight: Any,
+    def attach(cls, model_adapter: ModelAdapter, max_in_flight: Any,
                prefill_token_budget: Any = None) -> InferenceEngineAdapter:
         """A new engine on the adapter's model. ValueError for values below 1, RuntimeError while another engine is
         attached."""

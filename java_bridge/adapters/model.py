@@ -8,7 +8,6 @@ import numpy as np
 from jpype import JArray, JClass, JImplements
 
 from smile_llm import Completion, LanguageModel, SamplingParams
-from smile_llm.model.request import Request
 
 from ..errors import bridged, translated
 from .chat import python_messages, python_template_vars
@@ -65,7 +64,7 @@ class LanguageModelAdapter:
                          None if cancel is None else (lambda: bool(cancel.getAsBoolean())))
 
     def _run(self, ids: list[int], params: SamplingParams, listener: Any, cancel: Any = None) -> Any:
-        with named_errors(BUILDER_NAMES):  # checks of Request.create (a logit_bias or stop id outside the vocabulary)
+        with named_errors(BUILDER_NAMES):  # checks of LanguageModel.request (a logit_bias or stop id outside the vocabulary)
             handle = self.model.submit(ids, params, listener=None if listener is None else JavaListener(listener),
                                        cancel=cancel)
         return java_completion(cast(Completion, handle.result()))  # one sample: params passed single()
@@ -105,12 +104,12 @@ class LanguageModelAdapter:
         """Java ``Flow.Publisher<String> stream(int[] prompt, SamplingParams params)`` and Smile's ``stream(int[]
         prompt, int maxGenLen, double temperature, double topp, long seed)``: a ``TextPublisher`` that submits the
         request (``submit``) when its subscriber arrives. Bad settings are refused here, before anything is
-        queued (with ``SamplingParams``, the prompt and vocabulary checks of ``Request.create`` too)."""
+        queued (with ``SamplingParams``, the prompt and vocabulary checks of ``LanguageModel.request`` too)."""
         ids = java_prompt(prompt)
         if len(args) == 1:
             params = single(python_params(args[0]))
             with named_errors(BUILDER_NAMES):
-                Request.create(self.model, ids, params)  # validation only; the subscriber's request is queued later
+                self.model.request(ids, params)  # validation only; the subscriber's request is queued later
         else:
             params = self._stream_params(*args)
 

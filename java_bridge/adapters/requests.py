@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from jpype import JArray, JClass, JFloat, JImplements, JInt
 
-from smile_llm import Completion, LanguageModel, RequestHandle, SamplingParams
+from smile_llm import Completion, GenerationListener, LanguageModel, RequestHandle, SamplingParams
 
 from ..errors import bridged, to_java
 from .convert import int_array
@@ -31,7 +31,7 @@ def java_params(max_gen_len: Any, temperature: Any, topp: Any, logprobs: Any, se
 
 
 def java_prompt(prompt: Any) -> list[int]:
-    """A Java ``int[]`` prompt as a list; ValueError for null (the vocabulary is checked by ``Request.create``)."""
+    """A Java ``int[]`` prompt as a list; ValueError for null (the vocabulary is checked by ``ServingContext.request``)."""
     if prompt is None:
         raise ValueError("prompt must not be null")
     return int_array(prompt).tolist()
@@ -54,7 +54,7 @@ def logprob_maps(rows: Sequence[dict[int, float] | None] | None) -> Any:
     return JClass("smile.llm.python.Logprobs").maps(ids, values)
 
 
-class JavaListener:
+class JavaListener(GenerationListener):
     """A Java ``GenerationListener`` seen from the scheduler (Python's listener protocol)."""
 
     def __init__(self, listener: Any) -> None:
@@ -93,7 +93,7 @@ def submit_async(model: LanguageModel, prompt: Any, params: SamplingParams, list
                  submit: Callable[..., Any] | None = None) -> Any:
     """Queue one request (``params`` of one sample) for a Java caller and return its ``GenerationFuture`` at once.
     ``submit`` queues it (default ``model.submit``; an engine passes its own). The model's serving thread is
-    started if none runs (``Server.serve_until_idle``). ValueError/TypeError for bad input, before anything is
+    started if none runs (``ServingLoop.serve_until_idle``). ValueError/TypeError for bad input, before anything is
     queued."""
     delivery = JClass("smile.llm.python.AsyncGeneration")(listener)
     handle = cast(RequestHandle, (submit or model.submit)(prompt, params, listener=None if listener is None

@@ -1,30 +1,34 @@
-"""Paged attention over the pool's FlashInfer CSR: the pure-PyTorch reference (FlashInfer's exact semantics), the
-FlashInfer backend (imported lazily, CUDA only) and the chooser between them."""
+"""Paged attention over the pool's FlashInfer CSR: its semantics (``reference``), the torch backend
+(``torch_backend``: FlashInfer's semantics on any device), the FlashInfer backend (imported lazily,
+CUDA only) and the chooser between them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .backend import AttentionBackend, select_backend
 from .flashinfer import FlashInferBackend, flashinfer_available, import_flashinfer
 
+if TYPE_CHECKING:
+    from .torch_backend import TorchBackend, paged_attention
+
 __all__ = [
     "AttentionBackend",
     "FlashInferBackend",
-    "ReferenceBackend",
+    "TorchBackend",
     "flashinfer_available",
     "import_flashinfer",
     "paged_attention",
     "select_backend",
 ]
 
-_FROM_REFERENCE = ("paged_attention", "ReferenceBackend")
+_FROM_TORCH_BACKEND = ("paged_attention", "TorchBackend")
 
 
-def __getattr__(name: str) -> Any:
-    # The reference is loaded on first use, so this package imports on its own.
-    if name in _FROM_REFERENCE:
-        from . import reference
+def __getattr__(name: str) -> object:
+    # The torch backend is loaded on first use, so this package imports on its own.
+    if name in _FROM_TORCH_BACKEND:
+        from . import torch_backend
 
-        return getattr(reference, name)
+        return getattr(torch_backend, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

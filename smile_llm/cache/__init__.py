@@ -1,5 +1,5 @@
-"""Paged KV cache: layout and sizing, the radix prefix tree, the pool that owns pages and K/V buffers, and the
-per-request state pools bound beside it."""
+"""Paged KV cache: layout and sizing, the radix prefix tree, the pool that owns pages and K/V
+buffers, and the per-request state pools bound beside it."""
 
 from .errors import (
     KvCacheCorruptionError,
@@ -8,12 +8,19 @@ from .errors import (
     PoolClosedError,
     RequestOffloadedError,
 )
-from .layout import KvCacheLayout, SlotCount, StaticKvBudget, compute_static_kv_budget, slots_from_budget
 from .kv_step import KvStep
+from .layout import (
+    KvCacheLayout,
+    SlotCount,
+    StaticKvBudget,
+    compute_static_kv_budget,
+    slots_from_budget,
+)
 from .offload import OffloadedKv
 from .pool import KvCachePool
 from .radix import InsertResult, MatchResult, RadixCache, TreeNode
-from .state_pool import StatePool, StateSpec
+from .state_pool import StatePool
+from .state_spec import StateSpec
 
 __all__ = [
     "InsertResult",

@@ -1,13 +1,19 @@
-"""Whole-pool audits: ``check_invariants``, ``stats`` and ``digest``. They read the pool's parts and change nothing.
+"""Whole-pool audits: ``check_invariants``, ``stats`` and ``digest``. They read the pool's parts
+(the ``Binder`` with the pages, tree, bindings and state pools it moves, the active step, the
+prefetch scratch pages) and change nothing.
 
 Invariants checked (the first broken one raises KvCacheCorruptionError naming the page or node):
-1. every page is claimed exactly once: by the free list, a live tree node, one binding's private pages, a caller
-   (``alloc``) or pool scratch; the owner table agrees with the claims, so the counts add up to ``num_pages``;
-2. tree values are whole pages in slot order, edges are page multiples, children are keyed by their first page;
-3. every binding's prefix pages are exactly what the tree maps its ``prefix_tokens`` to, its private pages are its
-   own, ``matched_len <= kv_len <= capacity``, and an offloaded binding holds no private page;
-4. each node's ``lock_ref`` equals the number of bindings whose locked path runs through it, the evictable and
-   protected sizes equal the unlocked and locked token counts, and the evictable-leaf set is exact;
+1. every page is claimed exactly once: by the free list, a live tree node, one binding's private
+   pages, a caller (``alloc``) or pool scratch; the owner table agrees with the claims, so the
+   counts add up to ``num_pages``;
+2. tree values are whole pages in slot order, edges are page multiples, children are keyed by their
+   first page;
+3. every binding's prefix pages are exactly what the tree maps its ``prefix_tokens`` to, its private
+   pages are its own, ``matched_len <= kv_len <= capacity``, and an offloaded binding holds no
+   private page;
+4. each node's ``lock_ref`` equals the number of bindings whose locked path runs through it, the
+   evictable and protected sizes equal the unlocked and locked token counts, and the evictable-leaf
+   set is exact;
 5. the active step lists bound, resident requests whose page tables match their bindings;
 6. scratch pages are exactly the prefetch state's.
 """
@@ -15,7 +21,7 @@ Invariants checked (the first broken one raises KvCacheCorruptionError naming th
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
@@ -23,8 +29,9 @@ from .errors import KvCacheCorruptionError
 from .pages import NO_HOLDER, PageOwner, page_slots
 
 if TYPE_CHECKING:
-    from .pool import KvCachePool
+    from .binder import Binder
     from .radix import TreeNode
+    from .step import ActiveStep
 
 UNCLAIMED = -1
 
@@ -39,11 +46,13 @@ class _Claims:
     def what(self, page: int) -> str:
         return self.names[int(self.claim_id[page])]
 
-    def claim(self, pages: np.ndarray, owner: PageOwner, what: str, holder: int = NO_HOLDER) -> None:
+    def claim(self, pages: np.ndarray, owner: PageOwner, what: str,
+              holder: int = NO_HOLDER) -> None:
         n = len(self.owner)
         out = pages[(pages < 0) | (pages >= n)]
         if len(out):
-            raise KvCacheCorruptionError(f"page {int(out[0])} of {what} is outside the pool's {n} pages")
+            raise KvCacheCorruptionError(f"page {int(out[0])} of {what} is outside the pool's {n} "
+                                         f"pages")
         uniq, counts = np.unique(pages, return_counts=True)
         if (counts > 1).any():
             raise KvCacheCorruptionError(f"page {int(uniq[counts > 1][0])} appears twice in {what}")
@@ -67,62 +76,76 @@ def _slots(node: TreeNode) -> np.ndarray:
     return node.value
 
 
-def check_invariants(pool: KvCachePool) -> None:
-    """Audit ``pool`` (``KvCachePool.check_invariants``): every page is claimed exactly once (free list, tree, one
-    binding's private pages, a caller, prefetch scratch), the tree's sizes and lock counts add up, and every binding's
-    page table and ``kv_len`` agree with it. Raises ``KvCacheCorruptionError`` naming the first broken page or count;
-    changes nothing."""
-    ps = pool.page_size
-    pages, radix, table, step = pool._pages, pool._radix, pool._table, pool._step
+def check_invariants(binder: Binder, step: ActiveStep | None, scratch_pages: np.ndarray) -> None:
+    """Audit a pool (``KvCachePool.check_invariants``) from its ``binder``, active ``step`` and
+    prefetch ``scratch_pages``: every page is claimed exactly once (free list, tree, one binding's
+    private pages, a caller, prefetch scratch), the tree's sizes and lock counts add up, every
+    binding's page table and ``kv_len`` agree with it, and every attached state pool's slots agree
+    with the bindings (``StatePool.check``). Raises ``KvCacheCorruptionError`` naming the first
+    broken page, count or slot; changes nothing."""
+    ps = binder.page_size
+    pages, radix, table = binder.pages, binder.radix, binder.table
     claims = _Claims(pages.num_pages)
     claims.claim(pages.free_list(), PageOwner.FREE, "the free list")
 
     # 2. tree structure and tree-owned pages
     nodes = list(radix.nodes())
     for node in nodes:
-        if node.value is None or len(node.value) != len(node.key) or len(node.key) == 0 or len(node.key) % ps:
+        n_keys = len(node.key)
+        if node.value is None or len(node.value) != n_keys or n_keys == 0 or n_keys % ps:
             _fail(f"{node!r} has a bad edge: {len(node.key)} tokens, value "
                   f"{None if node.value is None else len(node.value)} (page_size {ps})")
         groups = node.value.reshape(-1, ps)
         node_pages = groups[:, 0] // ps
         if not np.array_equal(node.value, page_slots(node_pages, ps)):
-            _fail(f"{node!r} holds slots that are not whole pages in order: {node.value[:2 * ps].tolist()}")
+            _fail(f"{node!r} holds slots that are not whole pages in order: "
+                  f"{node.value[:2 * ps].tolist()}")
         parent = node.parent
-        if parent is None or parent.children.get(radix._child_key(node.extra_key, node.key, 0)) is not node:
+        child_key = radix._child_key(node.extra_key, node.key, 0)
+        if parent is None or parent.children.get(child_key) is not node:
             _fail(f"{node!r} is not registered under its parent by its first page")
         claims.claim(node_pages, PageOwner.TREE, f"tree node {node.id}")
 
     # 3. bindings
     locks: Counter[int] = Counter()
     for b in table:
-        held = b.matched_len if b.offload is not None else b.capacity  # an offloaded binding keeps its prefix
+        # an offloaded binding keeps only its prefix
+        held = b.matched_len if b.offload is not None else b.capacity
         if held != len(b.page_ids) * ps or b.matched_len % ps or b.matched_len > b.capacity:
             _fail(f"request {b.request_id}: capacity {b.capacity}, matched {b.matched_len}, "
                   f"{len(b.page_ids)} pages do not agree (page_size {ps})")
         kv_len = table.kv_len_of(b)
         if not b.matched_len <= kv_len <= b.capacity:
-            _fail(f"request {b.request_id}: kv_len {kv_len} outside [matched {b.matched_len}, capacity {b.capacity}]")
+            _fail(f"request {b.request_id}: kv_len {kv_len} outside [matched {b.matched_len}, "
+                  f"capacity {b.capacity}]")
         prefix = b.page_ids[: b.matched_len // ps]
         segments = radix.peek_prefix(b.prefix_tokens)
-        tree_slots = np.concatenate([_slots(s.node)[: s.matched] for s in segments] or [np.zeros(0, np.int64)])
-        if sum(s.matched for s in segments) != b.matched_len or not np.array_equal(tree_slots[::ps] // ps, prefix):
-            _fail(f"request {b.request_id}: its {len(prefix)} prefix pages are not what the tree maps its prefix to")
-        claims.claim(b.private_pages(ps), PageOwner.PRIVATE, f"request {b.request_id}", b.request_id)
+        tree_slots = np.concatenate([_slots(s.node)[: s.matched] for s in segments]
+                                    or [np.zeros(0, np.int64)])
+        if sum(s.matched for s in segments) != b.matched_len \
+                or not np.array_equal(tree_slots[::ps] // ps, prefix):
+            _fail(f"request {b.request_id}: its {len(prefix)} prefix pages are not what the tree "
+                  f"maps its prefix to")
+        claims.claim(b.private_pages(ps), PageOwner.PRIVATE, f"request {b.request_id}",
+                     b.request_id)
         locked = b.locked_node
         if (locked is None) != (b.matched_len == 0):
-            _fail(f"request {b.request_id}: matched {b.matched_len} tokens but locked node is {locked!r}")
+            _fail(f"request {b.request_id}: matched {b.matched_len} tokens but locked node is "
+                  f"{locked!r}")
         while locked is not None and locked is not radix.root:
             locks[locked.id] += 1
             locked = locked.parent
 
-    # 1. scratch pages belong to the prefetch state; caller pages are recorded only in the owner table
-    claims.claim(pool._prefetch.scratch_pages, PageOwner.SCRATCH, "prefetch scratch")
+    # 1. scratch pages belong to the prefetch state; caller pages are recorded only in the owner
+    # table
+    claims.claim(scratch_pages, PageOwner.SCRATCH, "prefetch scratch")
     loose = np.flatnonzero((pages.owner == PageOwner.CALLER) & (claims.owner == UNCLAIMED))
     claims.claim(loose, PageOwner.CALLER, "a caller (alloc)")
     unclaimed = np.flatnonzero(claims.owner == UNCLAIMED)
     if len(unclaimed):
         p = int(unclaimed[0])
-        _fail(f"page {p} is marked {PageOwner(int(pages.owner[p])).name.lower()} but nobody holds it (leaked)")
+        _fail(f"page {p} is marked {PageOwner(int(pages.owner[p])).name.lower()} but nobody holds "
+              f"it (leaked)")
     wrong = np.flatnonzero((claims.owner != pages.owner) | (claims.holder != pages.holder))
     if len(wrong):
         p = int(wrong[0])
@@ -142,11 +165,13 @@ def check_invariants(pool: KvCachePool) -> None:
             if not node.children:
                 leaves.add(node)
     if (evictable, protected) != (radix.evictable_size, radix.protected_size):
-        _fail(f"tree sizes say evictable {radix.evictable_size}, protected {radix.protected_size}; nodes hold "
-              f"{evictable} unlocked and {protected} locked tokens")
+        _fail(f"tree sizes say evictable {radix.evictable_size}, protected "
+              f"{radix.protected_size}; nodes hold {evictable} unlocked and {protected} locked "
+              f"tokens")
     if leaves != radix._evictable_leaves:
         odd = next(iter(leaves ^ radix._evictable_leaves))
-        _fail(f"{odd!r} is wrongly {'missing from' if odd in leaves else 'in'} the evictable-leaf set")
+        where = "missing from" if odd in leaves else "in"
+        _fail(f"{odd!r} is wrongly {where} the evictable-leaf set")
 
     # 5. active step
     if step is not None:
@@ -156,18 +181,26 @@ def check_invariants(pool: KvCachePool) -> None:
             if not np.array_equal(step.page_table[row, : len(sb.page_ids)], sb.page_ids):
                 _fail(f"active step row {sb.request_id} has a stale page table")
 
+    # the state pools beside the KV
+    for states in binder.states:
+        states.check([b.request_id for b in table if b.offload is None],
+                     [b.request_id for b in table if b.offload is not None])
 
-def stats(pool: KvCachePool) -> dict[str, Any]:
-    """A snapshot of ``pool`` (``KvCachePool.stats``): pages by owner (``free_pages``, ``tree_pages``,
-    ``private_pages``, ``caller_pages``, ``scratch_pages``), bound/offloaded requests, the active batch, the tree's
-    cached/evictable/protected tokens, the cumulative prefix counters and ``prefix_hit_rate`` (match / prompt tokens,
-    0.0 before any bind), and with state pools attached ``state_snapshots`` (snapshots held for tree nodes) and
-    ``state_snapshot_capacity``. Changes nothing."""
-    pages, radix, table = pool._pages, pool._radix, pool._table
-    prompt, match = pool.prefix_prompt_tokens, pool.prefix_match_tokens
+
+def stats(binder: Binder, step: ActiveStep | None) -> dict[str, int | float]:
+    """A snapshot of a pool (``KvCachePool.stats``) from its ``binder`` and active ``step``: pages
+    by owner (``free_pages``, ``tree_pages``, ``private_pages``, ``caller_pages``,
+    ``scratch_pages``), bound/offloaded requests, the active batch, the tree's
+    cached/evictable/protected tokens, the cumulative prefix counters and ``prefix_hit_rate`` (match
+    / prompt tokens, 0.0 before any bind), and with state pools attached ``state_snapshots``
+    (snapshots held for tree nodes) and ``state_snapshot_capacity``. Changes nothing."""
+    pages, radix, table, states = binder.pages, binder.radix, binder.table, binder.states
+    prompt, match = binder.prompt_tokens, binder.match_tokens
+    snapshots = {"state_snapshots": sum(s.snapshots.cached_count for s in states),
+                 "state_snapshot_capacity": sum(s.snapshot_capacity for s in states)}
     return {
         "num_pages": pages.num_pages,
-        "page_size": pool.page_size,
+        "page_size": binder.page_size,
         "free_pages": pages.free_pages,
         "tree_pages": pages.count(PageOwner.TREE),
         "private_pages": pages.count(PageOwner.PRIVATE),
@@ -175,46 +208,47 @@ def stats(pool: KvCachePool) -> dict[str, Any]:
         "scratch_pages": pages.count(PageOwner.SCRATCH),
         "bound_requests": len(table),
         "offloaded_requests": sum(1 for b in table if b.offload is not None),
-        "active_batch": pool._step.batch if pool._step is not None else 0,
+        "active_batch": step.batch if step is not None else 0,
         "cached_tokens": radix.total_size(),
         "evictable_tokens": radix.evictable_size,
         "protected_tokens": radix.protected_size,
         "prefix_prompt_tokens": prompt,
         "prefix_match_tokens": match,
-        "prefix_insert_tokens": pool.prefix_insert_tokens,
-        "prefix_evict_tokens": pool.prefix_evict_tokens,
+        "prefix_insert_tokens": binder.insert_tokens,
+        "prefix_evict_tokens": binder.evict_tokens,
         "prefix_hit_rate": match / prompt if prompt else 0.0,
-        **({"state_snapshots": sum(s.snapshots.cached_count for s in pool.state_pools),
-            "state_snapshot_capacity": sum(s.snapshot_capacity for s in pool.state_pools)} if pool.state_pools else {}),
+        **(snapshots if states else {}),
     }
 
 
-def digest(pool: KvCachePool) -> str:
-    """``KvCachePool.state_digest``: sha256 over the pool's decisions (see there). Changes nothing."""
+def digest(binder: Binder, step: ActiveStep | None) -> str:
+    """``KvCachePool.state_digest``: sha256 over the decisions of a pool (see there), from its
+    ``binder`` and active ``step``. Changes nothing."""
     import hashlib
 
     h = hashlib.sha256()
 
-    def put(*parts: Any) -> None:
+    def put(*parts: np.ndarray | list[int] | bytes) -> None:
         for part in parts:
-            h.update(np.asarray(part, dtype=np.int64).tobytes() if not isinstance(part, bytes) else part)
+            raw = part if isinstance(part, bytes) else np.asarray(part, dtype=np.int64).tobytes()
+            h.update(raw)
             h.update(b"|")
 
-    pages, table = pool._pages, pool._table
+    pages, table, radix = binder.pages, binder.table, binder.radix
     put(pages.free_list(), pages.owner.astype(np.int64), pages.holder)
     for b in table:
-        put([b.request_id, b.capacity, b.matched_len, table.kv_len_of(b), int(b.offload is not None),
-             int(b.exclusive)], b.page_ids, b.prefix_tokens)
-    nodes = sorted(pool._radix.nodes(), key=lambda n: (n.key.tobytes(), len(n.key)))
+        put([b.request_id, b.capacity, b.matched_len, table.kv_len_of(b),
+             int(b.offload is not None), int(b.exclusive)], b.page_ids, b.prefix_tokens)
+    nodes = sorted(radix.nodes(), key=lambda n: (n.key.tobytes(), len(n.key)))
     for n in nodes:
         assert n.value is not None
         depth = 0
         p = n.parent
-        while p is not None and p is not pool._radix.root:
+        while p is not None and p is not radix.root:
             depth += len(p.key)
             p = p.parent
         put([depth, n.lock_ref], n.key, n.value)
-    put(list(pool._step.ids) if pool._step is not None else [])
-    for states in pool.state_pools:
+    put(list(step.ids) if step is not None else [])
+    for states in binder.states:
         put(sorted(states.bound_ids), [states.slot(r) for r in sorted(states.bound_ids)])
     return h.hexdigest()

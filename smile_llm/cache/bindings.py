@@ -1,9 +1,9 @@
 """The binding table: one record per bound request, the only per-request state the pool keeps.
 
-A binding owns a page table (logical page -> physical page) whose first ``matched_len / page_size`` pages are the
-matched prefix (owned by the tree, locked through ``locked_node``) and whose remaining pages are private to it.
-``kv_len`` (the end of the contiguous written prefix) lives in one int64 array indexed by the binding's ``row`` so
-step verbs update it for a whole batch at once.
+A binding owns a page table (logical page -> physical page) whose first ``matched_len / page_size``
+pages are the matched prefix (owned by the tree, locked through ``locked_node``) and whose remaining
+pages are private to it. ``kv_len`` (the end of the contiguous written prefix) lives in one int64
+array indexed by the binding's ``row`` so step verbs update it for a whole batch at once.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from .radix import TreeNode
 
 @dataclass(eq=False)
 class Binding:
-    """One request's claim on the pool: a page-aligned capacity, a matched prefix of tree-owned pages (locked through
-    ``locked_node``), private pages for the rest, and its row in ``BindingTable.kv_len``. Mutated only by the pool under
-    its lock."""
+    """One request's claim on the pool: a page-aligned capacity, a matched prefix of tree-owned
+    pages (locked through ``locked_node``), private pages for the rest, and its row in
+    ``BindingTable.kv_len``. Mutated only by the pool under its lock."""
 
     request_id: int
     row: int  # index into BindingTable.kv_len
@@ -43,8 +43,8 @@ class Binding:
 
 
 class BindingTable:
-    """Bindings by request id (insertion order) plus the shared ``kv_len`` array. Ids are positive, monotone and
-    never reused. Not locked: the pool serialises calls."""
+    """Bindings by request id (insertion order) plus the shared ``kv_len`` array. Ids are positive,
+    monotone and never reused. Not locked: the pool serialises calls."""
 
     def __init__(self) -> None:
         self._by_id: dict[int, Binding] = {}
@@ -72,21 +72,24 @@ class BindingTable:
 
     def add(self, page_ids: np.ndarray, capacity: int, matched_len: int, prefix_tokens: np.ndarray,
             locked_node: TreeNode | None, exclusive: bool) -> Binding:
-        """Register a new binding under the next id (positive, never reused) with ``kv_len`` starting at
-        ``matched_len``; grows the ``kv_len`` array when every row is taken. Returns the binding."""
+        """Register a new binding under the next id (positive, never reused) with ``kv_len``
+        starting at ``matched_len``; grows the ``kv_len`` array when every row is taken. Returns the
+        binding."""
         if not self._free_rows:
             old = len(self.kv_len)
             self.kv_len = np.concatenate([self.kv_len, np.zeros(old, dtype=np.int64)])
             self._free_rows = list(range(2 * old - 1, old - 1, -1))
         row = self._free_rows.pop()
-        binding = Binding(self._next_id, row, page_ids, capacity, matched_len, prefix_tokens, locked_node, exclusive)
+        binding = Binding(self._next_id, row, page_ids, capacity, matched_len, prefix_tokens,
+                          locked_node, exclusive)
         self._next_id += 1
         self.kv_len[row] = matched_len
         self._by_id[binding.request_id] = binding
         return binding
 
     def remove(self, binding: Binding) -> None:
-        """Drop ``binding`` from the table and free its ``kv_len`` row (KeyError if it is not registered)."""
+        """Drop ``binding`` from the table and free its ``kv_len`` row (KeyError if it is not
+        registered)."""
         del self._by_id[binding.request_id]
         self.kv_len[binding.row] = 0
         self._free_rows.append(binding.row)

@@ -1,4 +1,5 @@
-"""Argument checks shared by the cache's public verbs (each raises ValueError with what was asked and why)."""
+"""Argument checks shared by the cache's public verbs (each raises ValueError with what was asked
+and why)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import torch
 
 
 def as_int(value: Any, name: str, minimum: int = 0, maximum: int | None = None) -> int:
-    """``value`` as a Python int in ``[minimum, maximum]``; bools, floats and strings are rejected."""
+    """``value`` as a Python int in ``[minimum, maximum]``; bools, floats and strings are
+    rejected."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     value = int(value)
@@ -20,8 +22,17 @@ def as_int(value: Any, name: str, minimum: int = 0, maximum: int | None = None) 
     return value
 
 
+def as_layer(layer: Any, num_layers: int) -> int:
+    """``layer`` as an int in ``[0, num_layers)``; a plain in-range int passes without further
+    checks (put and get run once per layer)."""
+    if type(layer) is int and 0 <= layer < num_layers:
+        return layer
+    return as_int(layer, "layer", minimum=0, maximum=num_layers - 1)
+
+
 def as_positions(value: Any, name: str, batch: int) -> np.ndarray:
-    """An int (same for every row) or one int per row, as ``int64[batch]`` of non-negative positions."""
+    """An int (same for every row) or one int per row, as ``int64[batch]`` of non-negative
+    positions."""
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
@@ -45,15 +56,17 @@ def same_device(a: torch.device, b: torch.device) -> bool:
     if a.type != "cuda" or a.index == b.index:
         return True
     current = torch.cuda.current_device()
-    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+    a_index = a.index if a.index is not None else current
+    return a_index == (b.index if b.index is not None else current)
 
 
 def as_device(value: Any, name: str = "device") -> torch.device:
-    """``value`` (a device string such as ``"cpu"`` or ``"cuda:0"``, or a ``torch.device``) as a device this process
-    can allocate on; ValueError naming ``name`` otherwise (an int, an unknown type, ``meta``, a missing accelerator)."""
+    """``value`` (a device string such as ``"cpu"`` or ``"cuda:0"``, or a ``torch.device``) as a
+    device this process can allocate on; ValueError naming ``name`` otherwise (an int, an unknown
+    type, ``meta``, a missing accelerator)."""
     if not isinstance(value, (str, torch.device)):
-        raise ValueError(f"{name} must be a device string such as 'cpu' or 'cuda:0', or a torch.device, got "
-                         f"{type(value).__name__} {value!r}")
+        raise ValueError(f"{name} must be a device string such as 'cpu' or 'cuda:0', or a "
+                         f"torch.device, got {type(value).__name__} {value!r}")
     try:
         device = torch.device(value)
     except (RuntimeError, TypeError) as e:
@@ -62,7 +75,9 @@ def as_device(value: Any, name: str = "device") -> torch.device:
         raise ValueError(f"{name} 'meta' holds no data; use 'cpu' or 'cuda'")
     try:
         torch.empty(0, device=device)
-    # what torch raises for a device this build or machine lacks: no driver, "not compiled with CUDA", no backend
+    # what torch raises for a device this build or machine lacks: no driver, "not compiled with
+    # CUDA", no backend
     except (RuntimeError, AssertionError, NotImplementedError) as e:
-        raise ValueError(f"{name} {str(device)!r} is not available here ({str(e).splitlines()[0]})") from None
+        first_line = str(e).splitlines()[0]
+        raise ValueError(f"{name} {str(device)!r} is not available here ({first_line})") from None
     return device

@@ -1,20 +1,21 @@
 """Typed errors of the cache package.
 
-Bad arguments raise ``ValueError``; calls made in the wrong state raise a ``RuntimeError`` subclass from this
-module. Every message says what was asked, what was available and what to do.
+Bad arguments raise ``ValueError``; calls made in the wrong state raise a ``RuntimeError`` subclass
+from this module. Every message says what was asked, what was available and what to do.
 """
 
 from __future__ import annotations
 
 
 class KvCacheExhaustedError(RuntimeError):
-    """The static pool cannot satisfy a request (it never grows): the caller keeps the job queued or stops at
-    ``request_capacity``. Java: ``KvCacheExhaustedException extends IllegalStateException``."""
+    """The static pool cannot satisfy a request (it never grows): the caller keeps the job queued or
+    stops at ``request_capacity``. Java:
+    ``KvCacheExhaustedException extends IllegalStateException``."""
 
 
 class KvCacheCorruptionError(RuntimeError):
-    """``check_invariants()`` found a broken ownership, size or lock invariant; the message names the first broken
-    page or node."""
+    """``check_invariants()`` found a broken ownership, size or lock invariant; the message names
+    the first broken page or node."""
 
 
 class PoolClosedError(RuntimeError):
@@ -26,4 +27,5 @@ class NoActiveStepError(RuntimeError):
 
 
 class RequestOffloadedError(RuntimeError):
-    """The request's private KV lives in host memory; ``restore_request`` it before activating it."""
+    """The request's private KV lives in host memory; ``restore_request`` it before activating
+    it."""

@@ -1,9 +1,10 @@
-"""Sized constructors of KvCachePool (docs/contract.md, "Construction and sizing"): ``allocate``, ``for_testing``,
-``for_mtp``, ``for_mtp_history``. They are bound onto ``KvCachePool`` as classmethods."""
+"""Sized constructors of KvCachePool (docs/contract.md, "Construction and sizing"): ``allocate``,
+``for_testing``, ``for_mtp``, ``for_mtp_history``. They are bound onto ``KvCachePool`` as
+classmethods; each takes the pool class as ``cls`` (anything shaped like :class:`SizedPool`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypedDict, TypeVar
 
 import torch
 
@@ -11,7 +12,29 @@ from .checks import as_device, as_int
 from .layout import KvCacheLayout, ceil_page, compute_static_kv_budget, floor_page
 
 if TYPE_CHECKING:
-    from .pool import KvCachePool
+    from typing_extensions import Unpack
+
+
+class PoolOptions(TypedDict, total=False):
+    """The keyword-only options of ``KvCachePool``, passed through by every factory."""
+
+    k_scale: float
+    v_scale: float
+    zero_rejected_kv: bool | None
+    fresh_page_fill: str
+
+
+class SizedPool(Protocol):
+    """What the factories need of the pool class: its constructor, and the prefix-reuse switch."""
+
+    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
+                 page_size: int = ..., device: str | torch.device = ...,
+                 dtype: torch.dtype = ..., **pool_kwargs: Unpack[PoolOptions]) -> None: ...
+
+    def set_prefix_reuse(self, on: bool) -> None: ...
+
+
+Pool = TypeVar("Pool", bound=SizedPool)
 
 
 def _cuda_mem_info(device: torch.device) -> tuple[int, int]:
@@ -20,48 +43,52 @@ def _cuda_mem_info(device: torch.device) -> tuple[int, int]:
     return int(free), int(total)
 
 
-def allocate(cls: type[KvCachePool], layout: KvCacheLayout, device: str | torch.device = "cpu",
+def allocate(cls: type[Pool], layout: KvCacheLayout, device: str | torch.device = "cpu",
              dtype: torch.dtype = torch.float32, mem_fraction: float = 0.85, page_size: int = 16,
-             **pool_kwargs: Any) -> KvCachePool:
-    """A pool for ``layout``. On CUDA, sized from ``torch.cuda.mem_get_info`` by ``compute_static_kv_budget``
-    (call it after the weights are loaded, so "used" is right); elsewhere ``floor_page(max(page_size,
-    max_batch * max_seq))`` slots. Raises ValueError for ``mem_fraction`` outside (0, 1] or ``page_size < 1``."""
-    if isinstance(mem_fraction, bool) or not (isinstance(mem_fraction, (int, float)) and 0.0 < mem_fraction <= 1.0):
+             **pool_kwargs: Unpack[PoolOptions]) -> Pool:
+    """A pool for ``layout``. On CUDA, sized from ``torch.cuda.mem_get_info`` by
+    ``compute_static_kv_budget`` (call it after the weights are loaded, so "used" is right);
+    elsewhere ``floor_page(max(page_size, max_batch * max_seq))`` slots. Raises ValueError for
+    ``mem_fraction`` outside (0, 1] or ``page_size < 1``."""
+    if isinstance(mem_fraction, bool) or not isinstance(mem_fraction, (int, float)) \
+            or not 0.0 < mem_fraction <= 1.0:
         raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction!r}")
     page_size = as_int(page_size, "page_size", minimum=1)
     device = as_device(device)
     if device.type == "cuda":
         free, total = _cuda_mem_info(device)
-        budget = compute_static_kv_budget(total, free, mem_fraction, layout.bytes_per_token(dtype), page_size,
-                                          layout.max_batch_size, layout.max_seq_len)
+        budget = compute_static_kv_budget(total, free, mem_fraction, layout.bytes_per_token(dtype),
+                                          page_size, layout.max_batch_size, layout.max_seq_len)
         num_slots = budget.num_slots
     else:
-        num_slots = floor_page(max(page_size, layout.max_batch_size * layout.max_seq_len), page_size)
-    return cls(layout.num_layers, num_slots, layout.num_kv_heads, layout.head_dim, page_size, device, dtype,
-               **pool_kwargs)
+        num_slots = floor_page(max(page_size, layout.max_batch_size * layout.max_seq_len),
+                               page_size)
+    return cls(layout.num_layers, num_slots, layout.num_kv_heads, layout.head_dim, page_size,
+               device, dtype, **pool_kwargs)
 
 
-def for_testing(cls: type[KvCachePool], layout: KvCacheLayout, device: str | torch.device = "cpu",
-                **pool_kwargs: Any) -> KvCachePool:
+def for_testing(cls: type[Pool], layout: KvCacheLayout, device: str | torch.device = "cpu",
+                **pool_kwargs: Unpack[PoolOptions]) -> Pool:
     """Page size 1, float32, ``max_batch * max_seq`` slots."""
-    return cls(layout.num_layers, layout.max_batch_size * layout.max_seq_len, layout.num_kv_heads, layout.head_dim,
-               1, device, torch.float32, **pool_kwargs)
+    return cls(layout.num_layers, layout.max_batch_size * layout.max_seq_len, layout.num_kv_heads,
+               layout.head_dim, 1, device, torch.float32, **pool_kwargs)
 
 
-def for_mtp(cls: type[KvCachePool], layout: KvCacheLayout, device: str | torch.device, dtype: torch.dtype,
-            page_size: int, **pool_kwargs: Any) -> KvCachePool:
-    """The per-round MTP draft pool: ``max_batch * ceil_page(max_seq)`` slots with the model's real dtype and
-    page size."""
+def for_mtp(cls: type[Pool], layout: KvCacheLayout, device: str | torch.device, dtype: torch.dtype,
+            page_size: int, **pool_kwargs: Unpack[PoolOptions]) -> Pool:
+    """The per-round MTP draft pool: ``max_batch * ceil_page(max_seq)`` slots with the model's real
+    dtype and page size."""
     page_size = as_int(page_size, "page_size", minimum=1)
     per_request = ceil_page(layout.max_seq_len, page_size)
-    return cls(layout.num_layers, layout.max_batch_size * per_request, layout.num_kv_heads, layout.head_dim,
-               page_size, device, dtype, **pool_kwargs)
+    return cls(layout.num_layers, layout.max_batch_size * per_request, layout.num_kv_heads,
+               layout.head_dim, page_size, device, dtype, **pool_kwargs)
 
 
-def for_mtp_history(cls: type[KvCachePool], layout: KvCacheLayout, device: str | torch.device,
-                    dtype: torch.dtype, page_size: int, want_slots: int, **pool_kwargs: Any) -> KvCachePool:
-    """The persistent MTP history pool: ``want_slots`` (on CUDA capped at half the free memory), page-floored,
-    prefix reuse off. Raises RuntimeError if not one page fits."""
+def for_mtp_history(cls: type[Pool], layout: KvCacheLayout, device: str | torch.device,
+                    dtype: torch.dtype, page_size: int, want_slots: int,
+                    **pool_kwargs: Unpack[PoolOptions]) -> Pool:
+    """The persistent MTP history pool: ``want_slots`` (on CUDA capped at half the free memory),
+    page-floored, prefix reuse off. Raises RuntimeError if not one page fits."""
     page_size = as_int(page_size, "page_size", minimum=1)
     slots = as_int(want_slots, "want_slots", minimum=0)
     device = as_device(device)
@@ -72,7 +99,7 @@ def for_mtp_history(cls: type[KvCachePool], layout: KvCacheLayout, device: str |
     if slots < page_size:
         raise RuntimeError(f"not enough free memory for the MTP history KV pool: {slots} slots, "
                            f"need at least one page of {page_size}")
-    pool = cls(layout.num_layers, slots, layout.num_kv_heads, layout.head_dim, page_size, device, dtype,
-               **pool_kwargs)
-    pool.prefix_reuse_enabled = False
+    pool = cls(layout.num_layers, slots, layout.num_kv_heads, layout.head_dim, page_size, device,
+               dtype, **pool_kwargs)
+    pool.set_prefix_reuse(False)
     return pool

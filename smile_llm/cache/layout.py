@@ -1,4 +1,5 @@
-"""KV-cache geometry and static sizing (SGLang's ``--mem-fraction-static`` rule, as Smile applies it)."""
+"""KV-cache geometry and static sizing (SGLang's ``--mem-fraction-static`` rule, as Smile applies
+it)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,12 @@ def ceil_page(n: int, page_size: int) -> int:
 
 @dataclass(frozen=True)
 class KvCacheLayout:
-    """Per-pool geometry: layers, KV heads, head size and the largest batch and sequence it must serve. ValueError
-    unless every field is an int >= 1.
+    """Per-pool geometry: layers, KV heads, head size and the largest batch and sequence it must
+    serve. ValueError unless every field is an int >= 1.
 
     >>> import torch
-    >>> layout = KvCacheLayout.of(32, 4096, 32, 8, max_batch_size=4, max_seq_len=8192)   # an 8B Llama shape
+    >>> # an 8B Llama shape
+    >>> layout = KvCacheLayout.of(32, 4096, 32, 8, max_batch_size=4, max_seq_len=8192)
     >>> layout
     KvCacheLayout(num_layers=32, num_kv_heads=8, head_dim=128, max_batch_size=4, max_seq_len=8192)
     >>> layout.bytes_per_token(torch.bfloat16)   # 2 (K and V) * 32 * 8 * 128 * 2 bytes
@@ -64,13 +66,16 @@ class KvCacheLayout:
         max_batch_size: int = 1,
         max_seq_len: int = 4096,
     ) -> KvCacheLayout:
-        """Derive ``head_dim = dim // num_heads``; ``num_kv_heads`` defaults to ``num_heads`` (no GQA).
+        """Derive ``head_dim = dim // num_heads``; ``num_kv_heads`` defaults to ``num_heads`` (no
+        GQA).
 
         Raises ValueError if any count is below 1 or ``dim`` is not divisible by ``num_heads``."""
         if num_heads < 1 or dim < 1:
-            raise ValueError(f"dim and num_heads must be >= 1, got dim={dim}, num_heads={num_heads}")
+            raise ValueError(f"dim and num_heads must be >= 1, got dim={dim}, "
+                             f"num_heads={num_heads}")
         if dim % num_heads != 0:
-            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}; pick a head count that divides it")
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}; pick a head "
+                             f"count that divides it")
         kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         return cls(num_layers, kv_heads, dim // num_heads, max_batch_size, max_seq_len)
 
@@ -81,7 +86,8 @@ class KvCacheLayout:
 
 @dataclass(frozen=True)
 class SlotCount:
-    """Slots a budget buys (``num_slots``) and the most that could ever be used (``max_useful_slots``)."""
+    """Slots a budget buys (``num_slots``) and the most that could ever be used
+    (``max_useful_slots``)."""
 
     num_slots: int
     max_useful_slots: int
@@ -101,10 +107,16 @@ class StaticKvBudget:
 
 
 def slots_from_budget(
-    kv_budget_bytes: int, bytes_per_token: int, page_size: int, max_batch_size: int, max_seq_len: int
+    kv_budget_bytes: int,
+    bytes_per_token: int,
+    page_size: int,
+    max_batch_size: int,
+    max_seq_len: int,
 ) -> SlotCount:
-    """Page-floored slots the budget buys (at least one page), capped at ``ceil_page(max_batch * max_seq)``."""
-    from_budget = max(page_size, floor_page(max(page_size, kv_budget_bytes // bytes_per_token), page_size))
+    """Page-floored slots the budget buys (at least one page), capped at
+    ``ceil_page(max_batch * max_seq)``."""
+    affordable = floor_page(max(page_size, kv_budget_bytes // bytes_per_token), page_size)
+    from_budget = max(page_size, affordable)
     max_useful = ceil_page(max(page_size, max_batch_size * max_seq_len), page_size)
     return SlotCount(min(from_budget, max_useful), max_useful)
 
@@ -120,9 +132,10 @@ def compute_static_kv_budget(
 ) -> StaticKvBudget:
     """SGLang's mem-fraction-static rule.
 
-    ``static = floor(total * mem_fraction)`` holds weights (``used = total - free``) plus KV; the KV budget is
-    ``static - used - soft_margin`` with ``soft_margin = min(1 GiB, max(512 MiB, total / 40))``, the margin dropped
-    when it leaves less than one page. Raises ValueError on bad arguments and RuntimeError when not even one page
+    ``static = floor(total * mem_fraction)`` holds weights (``used = total - free``) plus KV; the KV
+    budget is ``static - used - soft_margin`` with
+    ``soft_margin = min(1 GiB, max(512 MiB, total / 40))``, the margin dropped when it leaves less
+    than one page. Raises ValueError on bad arguments and RuntimeError when not even one page
     fits."""
     if total <= 0:
         raise ValueError(f"total memory must be > 0 bytes, got {total}")
@@ -145,11 +158,10 @@ def compute_static_kv_budget(
         kv_budget = static_budget - used
     if kv_budget < page_bytes:
         raise RuntimeError(
-            f"KV static budget too small: static budget {static_budget} B (mem_fraction {mem_fraction} of {total} B) "
-            f"minus {used} B already in use leaves {kv_budget} B, less than one page ({page_bytes} B); "
-            f"raise mem_fraction or free device memory"
+            f"KV static budget too small: static budget {static_budget} B (mem_fraction "
+            f"{mem_fraction} of {total} B) minus {used} B already in use leaves {kv_budget} B, "
+            f"less than one page ({page_bytes} B); raise mem_fraction or free device memory"
         )
     slots = slots_from_budget(kv_budget, bytes_per_token, page_size, max_batch_size, max_seq_len)
-    return StaticKvBudget(
-        total, used, static_budget, kv_budget, dynamic_reserve, slots.num_slots, slots.max_useful_slots
-    )
+    return StaticKvBudget(total, used, static_budget, kv_budget, dynamic_reserve, slots.num_slots,
+                          slots.max_useful_slots)

@@ -9,10 +9,11 @@ import torch
 
 @dataclass(eq=False)
 class OffloadedKv:
-    """Host copy of one request's private pages, made by ``KvCachePool.offload_request`` and consumed once by
-    ``restore_request``. ``k_raw``/``v_raw`` hold the raw storage of every private page ``[num_layers,
-    num_private_pages * page_size, Hkv, D]`` (uint8 views for FP8), so a restore is byte-identical wherever the
-    pages land, whatever was written where (gap writes past ``kv_len`` included)."""
+    """Host copy of one request's private pages, made by ``KvCachePool.offload_request`` and
+    consumed once by ``restore_request``. ``k_raw``/``v_raw`` hold the raw storage of every private
+    page ``[num_layers, num_private_pages * page_size, Hkv, D]`` (uint8 views for FP8), so a restore
+    is byte-identical wherever the pages land, whatever was written where (gap writes past
+    ``kv_len`` included)."""
 
     request_id: int
     num_private_pages: int
@@ -22,4 +23,5 @@ class OffloadedKv:
     @property
     def nbytes(self) -> int:
         """Host bytes held by the offloaded K and V."""
-        return self.k_raw.numel() * self.k_raw.element_size() + self.v_raw.numel() * self.v_raw.element_size()
+        k, v = self.k_raw, self.v_raw
+        return k.numel() * k.element_size() + v.numel() * v.element_size()

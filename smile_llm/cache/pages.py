@@ -1,12 +1,13 @@
 """Page allocator: the FIFO free list and the owner of every page.
 
-Every page is in exactly one state (``PageOwner``): free, owned by the prefix tree, private to one binding,
-owned by a caller of ``alloc``, or scratch reserved by the pool. The free list is a ring buffer of page ids:
-``take`` pops from the head, ``release`` appends to the tail (first-in, first-out reuse, as Smile). All work is
-vectorised over page-id arrays; nothing loops per page in Python.
+Every page is in exactly one state (``PageOwner``): free, owned by the prefix tree, private to one
+binding, owned by a caller of ``alloc``, or scratch reserved by the pool. The free list is a ring
+buffer of page ids: ``take`` pops from the head, ``release`` appends to the tail (first-in,
+first-out reuse, as Smile). All work is vectorised over page-id arrays; nothing loops per page in
+Python.
 
-This class checks ownership (double frees, freeing someone else's page) but holds no policy: the pool decides who
-gets pages and when the tree is evicted.
+This class checks ownership (double frees, freeing someone else's page) but holds no policy: the
+pool decides who gets pages and when the tree is evicted.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from .errors import KvCacheCorruptionError
 
 
 class PageOwner(IntEnum):
-    """The state of a page: FREE (on the free list), TREE (owned by the radix prefix tree), PRIVATE (one binding's),
-    CALLER (handed out by ``alloc``), SCRATCH (reserved by the pool for decode-graph prefetch until ``close``)."""
+    """The state of a page: FREE (on the free list), TREE (owned by the radix prefix tree), PRIVATE
+    (one binding's), CALLER (handed out by ``alloc``), SCRATCH (reserved by the pool for
+    decode-graph prefetch until ``close``)."""
 
     FREE = 0
     TREE = 1
@@ -38,7 +40,8 @@ def page_slots(page_ids: np.ndarray, page_size: int) -> np.ndarray:
 
 
 class PageAllocator:
-    """Owner table plus FIFO free list over ``num_pages`` pages. Not locked: the pool serialises calls."""
+    """Owner table plus FIFO free list over ``num_pages`` pages. Not locked: the pool serialises
+    calls."""
 
     def __init__(self, num_pages: int) -> None:
         self.num_pages = num_pages
@@ -63,10 +66,11 @@ class PageAllocator:
         return int(np.count_nonzero(self.owner == owner))
 
     def take(self, n: int, owner: PageOwner, holder: int = NO_HOLDER) -> np.ndarray:
-        """Pop ``n`` pages from the head of the free list and give them to ``owner``. The caller checked that
-        ``n <= free_pages`` (an internal error otherwise)."""
+        """Pop ``n`` pages from the head of the free list and give them to ``owner``. The caller
+        checked that ``n <= free_pages`` (an internal error otherwise)."""
         if n > self._count:
-            raise KvCacheCorruptionError(f"take({n}) with only {self._count} free pages: the caller skipped its check")
+            raise KvCacheCorruptionError(f"take({n}) with only {self._count} free pages: the "
+                                         f"caller skipped its check")
         idx = (self._head + np.arange(n)) % self.num_pages
         pages = self._ring[idx].copy()
         self._head = (self._head + n) % self.num_pages

@@ -1,18 +1,21 @@
 """RadixCache: a page-granular compressed prefix tree from token prefixes to KV slot ids.
 
-The tree is a pure index. It maps tokens to slot ids, counts locks and keeps LRU order; it never touches K/V and
-never frees anything: ``evict`` returns the evicted slot ids and the owner of the pages (the pool) frees them.
+The tree is a pure index. It maps tokens to slot ids, counts locks and keeps LRU order; it never
+touches K/V and never frees anything: ``evict`` returns the evicted slot ids and the owner of the
+pages (the pool) frees them.
 
 Structure:
-- every non-root edge holds a multiple of ``page_size`` tokens (``key``) and as many slot ids (``value``);
-- children are keyed by ``(extra_key, bytes of the edge's first page)``, so a child is found in O(1) per page and
-  namespaces (``extra_key``) never share nodes;
-- ``lock_ref`` counts are held along whole paths (root excluded; the root is permanently locked), so a node is
-  locked whenever any descendant is, and every unlocked node can be reached by cascading leaf eviction;
+- every non-root edge holds a multiple of ``page_size`` tokens (``key``) and as many slot ids
+  (``value``);
+- children are keyed by ``(extra_key, bytes of the edge's first page)``, so a child is found in O(1)
+  per page and namespaces (``extra_key``) never share nodes;
+- ``lock_ref`` counts are held along whole paths (root excluded; the root is permanently locked), so
+  a node is locked whenever any descendant is, and every unlocked node can be reached by cascading
+  leaf eviction;
 - ``evictable_size`` counts tokens in unlocked nodes, ``protected_size`` tokens in locked nodes.
 
-LRU order uses a logical clock (one tick per match or insert), so equal-time ties cannot make eviction order
-depend on timer resolution.
+LRU order uses a logical clock (one tick per match or insert), so equal-time ties cannot make
+eviction order depend on timer resolution.
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ class TreeNode:
         "priority",
     )
 
-    def __init__(self, parent: TreeNode | None, key: np.ndarray, value: np.ndarray | None, extra_key: Hashable,
-                 tick: int, priority: int = 0) -> None:
+    def __init__(self, parent: TreeNode | None, key: np.ndarray, value: np.ndarray | None,
+                 extra_key: Hashable, tick: int, priority: int = 0) -> None:
         self.id = next(_node_ids)
         self.children: dict[tuple[Hashable, bytes], TreeNode] = {}
         self.parent = parent
@@ -72,7 +75,8 @@ class TreeNode:
     def __repr__(self) -> str:
         head = self.key[:8].tolist()
         more = "..." if len(self.key) > 8 else ""
-        return f"TreeNode(id={self.id}, len={len(self.key)}, key={head}{more}, lock_ref={self.lock_ref})"
+        return (f"TreeNode(id={self.id}, len={len(self.key)}, key={head}{more}, "
+                f"lock_ref={self.lock_ref})")
 
 
 @dataclass(frozen=True)
@@ -91,8 +95,8 @@ class MatchResult:
 
 @dataclass(frozen=True)
 class InsertResult:
-    """``prefix_len``: leading tokens already cached before the insert (the caller frees its duplicate slots for
-    them); ``last_node``: the node that ends the inserted sequence."""
+    """``prefix_len``: leading tokens already cached before the insert (the caller frees its
+    duplicate slots for them); ``last_node``: the node that ends the inserted sequence."""
 
     prefix_len: int
     last_node: TreeNode
@@ -100,35 +104,41 @@ class InsertResult:
 
 @dataclass(frozen=True)
 class PathSegment:
-    """Part of a would-be match: ``matched`` leading tokens of ``node`` (all of it unless the match ends inside)."""
+    """Part of a would-be match: ``matched`` leading tokens of ``node`` (all of it unless the match
+    ends inside)."""
 
     node: TreeNode
     matched: int
 
 
 class RadixCache:
-    """Prefix tree over tokens, page-granular. Thread-safe: every public method runs under one internal lock.
+    """Prefix tree over tokens, page-granular. Thread-safe: every public method runs under one
+    internal lock.
 
-    A pure index from token prefixes to slot ids: it never frees anything (``KvCachePool`` owns the pages).
+    A pure index from token prefixes to slot ids: it never frees anything (``KvCachePool`` owns the
+    pages).
 
     >>> tree = RadixCache(page_size=2)
     >>> tree.insert([1, 2, 3, 4, 5], [10, 11, 12, 13, 14]).prefix_len   # only whole pages: 4 tokens
     0
     >>> len(tree), tree.evictable_size
     (4, 4)
-    >>> m = tree.match_prefix([1, 2, 3, 9])      # the match ends inside page [3, 4]: truncated to [1, 2]
+    >>> # the match ends inside page [3, 4]: truncated to [1, 2]
+    >>> m = tree.match_prefix([1, 2, 3, 9])
     >>> m.indices.tolist(), m.length
     ([10, 11], 2)
     >>> tree.match_prefix([1, 2, 3, 4, 6]).indices.tolist()
     [10, 11, 12, 13]
-    >>> tree.insert([1, 2, 7, 8], [20, 21, 22, 23]).prefix_len   # [1, 2] was cached: slots 20, 21 are duplicates
+    >>> # [1, 2] was cached: slots 20, 21 are duplicates
+    >>> tree.insert([1, 2, 7, 8], [20, 21, 22, 23]).prefix_len
     2
     >>> tree.evict(2).tolist(), len(tree)        # LRU over unlocked leaves
     ([12, 13], 4)
     """
 
     def __init__(self, page_size: int = 1) -> None:
-        if not isinstance(page_size, (int, np.integer)) or isinstance(page_size, bool) or page_size < 1:
+        if not isinstance(page_size, (int, np.integer)) or isinstance(page_size, bool) \
+                or page_size < 1:
             raise ValueError(f"page_size must be an int >= 1, got {page_size!r}")
         self.page_size = int(page_size)
         self._lock = threading.RLock()
@@ -175,14 +185,16 @@ class RadixCache:
         try:
             hash(extra_key)
         except TypeError:
-            raise ValueError(f"extra_key must be hashable (e.g. a str or a tuple like ('lora', name)), got "
-                             f"{type(extra_key).__name__}") from None
+            raise ValueError(f"extra_key must be hashable (e.g. a str or a tuple like ('lora', "
+                             f"name)), got {type(extra_key).__name__}") from None
 
-    def _child_key(self, extra_key: Hashable, tokens: np.ndarray, offset: int) -> tuple[Hashable, bytes]:
+    def _child_key(self, extra_key: Hashable, tokens: np.ndarray,
+                   offset: int) -> tuple[Hashable, bytes]:
         return (extra_key, tokens[offset : offset + self.page_size].tobytes())
 
     def _match_len(self, key: np.ndarray, tokens: np.ndarray, offset: int) -> int:
-        """Page-aligned count of equal leading tokens of ``key`` and ``tokens[offset:]`` (vectorised compare)."""
+        """Page-aligned count of equal leading tokens of ``key`` and ``tokens[offset:]`` (vectorised
+        compare)."""
         n = min(len(key), len(tokens) - offset)
         diff = np.flatnonzero(key[:n] != tokens[offset : offset + n])
         equal = int(diff[0]) if len(diff) else n
@@ -195,8 +207,8 @@ class RadixCache:
             self._evictable_leaves.discard(node)
 
     def _split(self, child: TreeNode, split_len: int) -> TreeNode:
-        """Cut ``child``'s edge after ``split_len`` tokens; the new prefix node takes its place under the parent.
-        Sizes, locks and the token-to-slot mapping are unchanged."""
+        """Cut ``child``'s edge after ``split_len`` tokens; the new prefix node takes its place
+        under the parent. Sizes, locks and the token-to-slot mapping are unchanged."""
         assert child.value is not None and 0 < split_len < len(child.key)
         parent = child.parent
         assert parent is not None
@@ -214,7 +226,8 @@ class RadixCache:
         return prefix
 
     def _walk(self, tokens: np.ndarray, extra_key: Hashable) -> list[PathSegment]:
-        """The would-be match of ``tokens`` (already page-aligned), without splitting or touching anything."""
+        """The would-be match of ``tokens`` (already page-aligned), without splitting or touching
+        anything."""
         segments: list[PathSegment] = []
         node, offset = self.root, 0
         while offset < len(tokens):
@@ -234,8 +247,9 @@ class RadixCache:
     def match_prefix(self, tokens: Iterable[int], extra_key: Hashable = None) -> MatchResult:
         """Longest cached prefix of ``tokens`` under ``extra_key``, truncated to whole pages.
 
-        Splits a node when the match ends inside its edge and refreshes LRU times along the path. A miss returns
-        empty indices and the root. Raises ValueError for tokens that are not non-negative ints."""
+        Splits a node when the match ends inside its edge and refreshes LRU times along the path. A
+        miss returns empty indices and the root. Raises ValueError for tokens that are not
+        non-negative ints."""
         toks = as_int_array(tokens, "tokens")
         self._check_namespace(extra_key)
         with self._lock:
@@ -258,7 +272,8 @@ class RadixCache:
             return MatchResult(indices, node)
 
     def peek_prefix(self, tokens: Iterable[int], extra_key: Hashable = None) -> list[PathSegment]:
-        """The path ``match_prefix`` would take, as segments, changing nothing (no split, no LRU touch)."""
+        """The path ``match_prefix`` would take, as segments, changing nothing (no split, no LRU
+        touch)."""
         toks = as_int_array(tokens, "tokens")
         self._check_namespace(extra_key)
         with self._lock:
@@ -273,10 +288,11 @@ class RadixCache:
     ) -> InsertResult:
         """Insert the page-aligned part of ``tokens`` with its slot ids ``kv_indices[:aligned]``.
 
-        ``prefix_len`` of the result counts leading tokens that were already cached: their entries of
-        ``kv_indices`` are duplicates the caller frees; the tree takes ownership of the rest. ``priority`` is
-        recorded (max along the path) but does not change eviction order. Raises ValueError when ``kv_indices`` is
-        shorter than the aligned token count or either array is not non-negative ints."""
+        ``prefix_len`` of the result counts leading tokens that were already cached: their entries
+        of ``kv_indices`` are duplicates the caller frees; the tree takes ownership of the rest.
+        ``priority`` is recorded (max along the path) but does not change eviction order. Raises
+        ValueError when ``kv_indices`` is shorter than the aligned token count or either array is
+        not non-negative ints."""
         toks = as_int_array(tokens, "tokens")
         kv = as_int_array(kv_indices, "kv_indices")
         self._check_namespace(extra_key)
@@ -287,7 +303,8 @@ class RadixCache:
             aligned = self._aligned(len(toks))
             if len(kv) < aligned:
                 raise ValueError(
-                    f"insert got {len(kv)} kv_indices for {aligned} page-aligned tokens; pass one slot per token"
+                    f"insert got {len(kv)} kv_indices for {aligned} page-aligned tokens; pass one "
+                    f"slot per token"
                 )
             if aligned == 0:
                 return InsertResult(0, self.root)
@@ -308,11 +325,13 @@ class RadixCache:
                 child.priority = max(child.priority, priority)
                 child.hit_count += 1
                 node, offset = child, offset + matched
-                if diverged:  # the next page differs (or the tokens ran out): the rest becomes a new leaf
+                # the next page differs (or the tokens ran out): the rest becomes a new leaf
+                if diverged:
                     break
             prefix_len = offset
             if offset < aligned:
-                leaf = TreeNode(node, toks[offset:].copy(), kv[offset:aligned].copy(), extra_key, now, priority)
+                leaf = TreeNode(node, toks[offset:].copy(), kv[offset:aligned].copy(), extra_key,
+                                now, priority)
                 leaf.hit_count = 1
                 node.children[self._child_key(extra_key, leaf.key, 0)] = leaf
                 self._evictable_size += len(leaf.key)
@@ -322,10 +341,12 @@ class RadixCache:
             return InsertResult(prefix_len, node)
 
     def evict(self, num_tokens: int) -> np.ndarray:
-        """Evict least-recently-used unlocked leaves until ``num_tokens`` tokens are gone or none are left,
-        cascading to parents that become unlocked leaves. Returns the evicted slot ids (int64); the caller frees
-        them. Whole nodes are evicted, so more than ``num_tokens`` may come back."""
-        if not isinstance(num_tokens, (int, np.integer)) or isinstance(num_tokens, bool) or num_tokens < 0:
+        """Evict least-recently-used unlocked leaves until ``num_tokens`` tokens are gone or none
+        are left, cascading to parents that become unlocked leaves. Returns the evicted slot ids
+        (int64); the caller frees them. Whole nodes are evicted, so more than ``num_tokens`` may
+        come back."""
+        if not isinstance(num_tokens, (int, np.integer)) or isinstance(num_tokens, bool) \
+                or num_tokens < 0:
             raise ValueError(f"evict needs a token count >= 0, got {num_tokens!r}")
         with self._lock:
             heap = [(n.last_access_time, n.id, n) for n in self._evictable_leaves]
@@ -350,8 +371,9 @@ class RadixCache:
             return np.concatenate(freed) if freed else EMPTY
 
     def inc_lock_ref(self, node: TreeNode | None) -> int:
-        """Lock the path from ``node`` to the root (root excluded). Returns the change of ``evictable_size``
-        (<= 0). ``None`` or the root is a no-op. Raises ValueError for an evicted node."""
+        """Lock the path from ``node`` to the root (root excluded). Returns the change of
+        ``evictable_size`` (<= 0). ``None`` or the root is a no-op. Raises ValueError for an evicted
+        node."""
         if node is None:
             return 0
         with self._lock:
@@ -369,8 +391,9 @@ class RadixCache:
             return delta
 
     def dec_lock_ref(self, node: TreeNode | None) -> int:
-        """Undo one ``inc_lock_ref(node)``. Returns the change of ``evictable_size`` (>= 0). Raises RuntimeError,
-        changing nothing, if any node on the path is not locked (a count never goes below zero)."""
+        """Undo one ``inc_lock_ref(node)``. Returns the change of ``evictable_size`` (>= 0). Raises
+        RuntimeError, changing nothing, if any node on the path is not locked (a count never goes
+        below zero)."""
         if node is None:
             return 0
         with self._lock:
@@ -379,8 +402,8 @@ class RadixCache:
             unlocked = [n for n in path if n.lock_ref < 1]
             if unlocked:
                 raise RuntimeError(
-                    f"dec_lock_ref on {unlocked[0]!r}, which is not locked; every dec_lock_ref must pair an "
-                    f"inc_lock_ref on the same node"
+                    f"dec_lock_ref on {unlocked[0]!r}, which is not locked; every dec_lock_ref "
+                    f"must pair an inc_lock_ref on the same node"
                 )
             delta = 0
             for n in path:
@@ -393,15 +416,16 @@ class RadixCache:
             return delta
 
     def _check_live(self, node: TreeNode, verb: str) -> None:
-        """ValueError unless ``node`` is a live node of this tree (not evicted, not from before a ``reset`` or from
-        another cache): its parent chain must end at this root."""
+        """ValueError unless ``node`` is a live node of this tree (not evicted, not from before a
+        ``reset`` or from another cache): its parent chain must end at this root."""
         if node.evicted:
             raise ValueError(f"{verb}({node!r}): the node was evicted; match the prefix again")
         n: TreeNode | None = node
         while n is not None and n is not self.root:
             n = n.parent
         if n is None:
-            raise ValueError(f"{verb}({node!r}): the node is not in this tree (another cache, or before reset())")
+            raise ValueError(f"{verb}({node!r}): the node is not in this tree (another cache, or "
+                             f"before reset())")
 
     def _path_to_root(self, node: TreeNode) -> Iterator[TreeNode]:
         while node is not self.root:
@@ -410,9 +434,9 @@ class RadixCache:
             node = node.parent
 
     def evictable_size_if(self, unlock: Iterable[TreeNode | None], lock: list[PathSegment]) -> int:
-        """What ``evictable_size`` would be after one ``dec_lock_ref`` per node in ``unlock`` and locking the
-        would-be match ``lock`` (from ``peek_prefix``), changing nothing. The pool plans binds with it so a bind that
-        cannot be satisfied never touches the tree."""
+        """What ``evictable_size`` would be after one ``dec_lock_ref`` per node in ``unlock`` and
+        locking the would-be match ``lock`` (from ``peek_prefix``), changing nothing. The pool plans
+        binds with it so a bind that cannot be satisfied never touches the tree."""
         with self._lock:
             released: dict[TreeNode, int] = {}
             for node in unlock:

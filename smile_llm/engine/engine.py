@@ -1,7 +1,7 @@
 """InferenceEngine: the public serving API of one model, over the model's one scheduler.
 
-The engine does not own a second request path: ``submit`` validates a request (``Request.create``) and queues it on
-the model's ``Server``, the same scheduler that ``LanguageModel.generate`` uses, so engine requests and
+The engine does not own a second request path: ``submit`` validates a request (``LanguageModel.request``) and queues it on
+the model's ``ServingLoop``, the same scheduler that ``LanguageModel.generate`` uses, so engine requests and
 ``generate()`` calls from other threads are batched together. The engine sets the scheduler's batch size and
 prefill budget while it is attached, and runs a background driver thread (``start=True``, the default) so requests
 advance while nobody waits on them; with ``start=False`` call ``step()`` by hand (or wait on a handle, which drives).
@@ -14,13 +14,15 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import Any
 
-from ..model.decoder import PREFILL_CHUNK
-from ..model.language_model import LanguageModel
-from ..model.errors import EngineShutdownError
-from ..model.request import Request, RequestHandle, SamplingParams
-from ..model.samples import SampleGroup
-from ..model.scheduler import DEFAULT_MAX_RUNNING, Scheduler
-from ..model.sequence import Completion
+from ..serving.model_runner import PREFILL_CHUNK
+from ..language_model import LanguageModel
+from ..errors import EngineShutdownError
+from ..serving.listener import Listener
+from ..serving.request import RequestHandle, SamplingParams
+from ..speculative.acceptance import RoundRecord
+from ..serving.sample_group import SampleGroup
+from ..serving.scheduler import DEFAULT_MAX_RUNNING, Scheduler
+from ..serving.completion import Completion
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -39,21 +41,23 @@ class InferenceEngine:
     run at once. A context manager; ``shutdown`` ends it. ValueError/TypeError for a bad ``max_batch_size`` or
     ``prefill_tokens_per_step``; RuntimeError if another engine is already attached to the model."""
 
+    DEFAULT_PREFILL_TOKENS_PER_STEP = PREFILL_CHUNK  # prompt tokens prefilled per step unless given
+
     def __init__(self, model: LanguageModel, max_batch_size: int = 8, *, prefill_tokens_per_step: int = PREFILL_CHUNK,
                  start: bool = True) -> None:
         _positive_int(max_batch_size, "max_batch_size")
         _positive_int(prefill_tokens_per_step, "prefill_tokens_per_step")
-        if model.serving_engine is not None:
-            raise RuntimeError("another InferenceEngine already serves this model; shut it down first")
         self.model = model
         self.server = model.server
+        if self.server.engine_attached:
+            raise RuntimeError("another InferenceEngine already serves this model; shut it down first")
         self.max_batch_size, self.prefill_tokens_per_step = max_batch_size, prefill_tokens_per_step
         sched = self.server.scheduler
         sched.max_running, sched.prefill_tokens_per_step = max_batch_size, prefill_tokens_per_step
         self._lock = threading.Lock()
         self._handles: list[RequestHandle | SampleGroup] = []
         self._closed = False
-        model.serving_engine = self
+        self.server.engine_attached = True
         if start:
             self.server.start_thread()
 
@@ -68,14 +72,14 @@ class InferenceEngine:
         return self.server.steps
 
     # ------------------------------------------------------------------ submission
-    def submit(self, prompt: str | Seq[int], params: SamplingParams | None = None, listener: Any = None, *,
-               cancel: Callable[[], bool] | None = None, on_round: Callable[[Any], None] | None = None
+    def submit(self, prompt: str | Seq[int], params: SamplingParams | None = None, listener: Listener = None, *,
+               cancel: Callable[[], bool] | None = None, on_round: Callable[[RoundRecord], None] | None = None
                ) -> RequestHandle | SampleGroup:
         """Validate and queue a request; returns its handle at once (a ``SampleGroup`` of the samples for
         ``params.n > 1``). ``listener``: a ``GenerationListener``, or a plain callable that receives each text chunk.
         ValueError/TypeError for bad input (naming the field, nothing bound), EngineShutdownError after
         ``shutdown``."""
-        request = Request.create(self.model, prompt, params, listener=listener, cancel=cancel, on_round=on_round)
+        request = self.model.request(prompt, params, listener=listener, cancel=cancel, on_round=on_round)
         with self._lock:
             if self._closed:
                 raise EngineShutdownError("the engine is shut down; create a new one")
@@ -84,7 +88,7 @@ class InferenceEngine:
         return handle
 
     def generate(self, prompt: str | Seq[int], params: SamplingParams | None = None,
-                 listener: Any = None) -> Completion | list[Completion]:
+                 listener: Listener = None) -> Completion | list[Completion]:
         """``submit(...).result()`` (a list of the samples for ``params.n > 1``)."""
         return self.submit(prompt, params, listener).result()
 
@@ -112,7 +116,7 @@ class InferenceEngine:
 
         Requests the engine did not submit (a ``stream`` of the model, another thread's ``submit``) are not the
         engine's to end: once its serving thread stops, a driver that stops when idle
-        (``Server.serve_until_idle``) finishes them, so every caller still gets its result."""
+        (``ServingLoop.serve_until_idle``) finishes them, so every caller still gets its result."""
         with self._lock:
             if self._closed:
                 return
@@ -131,8 +135,7 @@ class InferenceEngine:
             self.server.serve_until_idle()  # other callers' requests keep advancing without the engine's thread
         sched = self.server.scheduler
         sched.max_running, sched.prefill_tokens_per_step = DEFAULT_MAX_RUNNING, PREFILL_CHUNK
-        if self.model.serving_engine is self:
-            self.model.serving_engine = None
+        self.server.engine_attached = False
 
     def __enter__(self) -> InferenceEngine:
         return self

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model.config import MAX_SPECULATIVE_TOKENS
-from ..model.request import SamplingParams
+from ..models.config import MAX_SPECULATIVE_TOKENS
+from ..serving.request import SamplingParams
 from .errors import LabError
 
 # drafter names the lab maps to from_pretrained arguments itself; every other name goes to build_drafter as is

@@ -12,14 +12,14 @@ from .timing import TimedDrafter, install_timer
 from .workload import Prompt
 
 if TYPE_CHECKING:
-    from ..model import LanguageModel
+    from ..language_model import LanguageModel
 
 MAX_BATCH_SIZE = 4  # rows per pool: one for the timed runs, a few for the sample groups of the distribution test
 
 
 def load_model(config: LabConfig, max_seq_len: int | None = None, **kwargs: Any) -> LanguageModel:
     """``config.model`` (a folder) or the shipped model of ``config.kind``, with ``from_pretrained`` ``kwargs``."""
-    from ..model import LanguageModel
+    from ..language_model import LanguageModel
 
     kwargs.update(max_batch_size=MAX_BATCH_SIZE, max_seq_len=max_seq_len)
     if config.model is None:
@@ -42,7 +42,7 @@ class LabModels:
         (every model loaded so far closed) for a ``config.model`` that is not a model folder or does not load (the
         message names the folder), a prompt that does not fit, a drafter name ``build_drafter`` refuses, or a
         drafter that gives no drafter on this model (e.g. "mtp" without an MTP head)."""
-        from ..cli import load_error, model_folder_problem
+        from ..models.folder import load_error, model_folder_problem
 
         problem = None if config.model is None else model_folder_problem(config.model)
         if problem is not None:

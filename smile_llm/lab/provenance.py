@@ -15,7 +15,7 @@ import torch
 from .config import LabConfig
 
 if TYPE_CHECKING:
-    from ..model import LanguageModel
+    from ..language_model import LanguageModel
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # smile_llm/
 

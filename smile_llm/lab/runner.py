@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..model.request import MAX_SAMPLES
+from ..serving.request import MAX_SAMPLES
 from .config import Configuration, LabConfig
 from .errors import LabError
 from .lossless import Mismatch, distribution_check, first_mismatch, greedy_check
@@ -28,7 +28,8 @@ from .trace import RoundTally
 from .workload import Prompt, load_workload
 
 if TYPE_CHECKING:
-    from ..model import Completion, LanguageModel
+    from ..serving.completion import Completion
+    from ..language_model import LanguageModel
 
 
 def _generate(lm: LanguageModel, prompt: Prompt, new_tokens: int, config: LabConfig, seed: int,

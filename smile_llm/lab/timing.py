@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..model.drafters import Drafter
+from ..speculative.drafters import Drafter
 
 if TYPE_CHECKING:
-    from ..model import LanguageModel
-    from ..model.sequence import Sequence
+    from ..language_model import LanguageModel
+    from ..serving.sequence import Sequence
 
 
 class TimedDrafter:
@@ -81,8 +81,8 @@ class TimedDrafter:
 
 
 def install_timer(lm: LanguageModel) -> TimedDrafter:
-    """Wrap ``lm``'s drafter in a ``TimedDrafter`` where the scheduler (``lm.drafter``) and the decoder
-    (``lm.decoder.drafter``) read it; returns the proxy. ValueError when ``lm`` has no drafter. Call before the
+    """Wrap ``lm``'s drafter in a ``TimedDrafter`` where the scheduler and the model runner read it
+    (``lm.runner.drafter``); returns the proxy. ValueError when ``lm`` has no drafter. Call before the
     model's first request (the proxy then sees every bind and release)."""
     if lm.drafter is None:
         raise ValueError("the model has no drafter to time")
@@ -90,6 +90,5 @@ def install_timer(lm: LanguageModel) -> TimedDrafter:
         return lm.drafter
     proxy = TimedDrafter(lm.drafter)
     assert isinstance(proxy, Drafter)
-    lm.drafter = proxy
-    lm.decoder.drafter = proxy
+    lm.runner.drafter = proxy
     return proxy

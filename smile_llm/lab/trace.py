@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model.speculative import RoundRecord
+from ..speculative.acceptance import RoundRecord
 
 
 def round_depth(record: RoundRecord) -> int:

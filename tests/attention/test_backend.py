@@ -23,7 +23,8 @@ import torch
 
 import smile_llm.attention.flashinfer as fi_backend
 from smile_llm.attention import AttentionBackend, FlashInferBackend, select_backend
-from smile_llm.attention.flashinfer import INSTALL_HINT, default_kernel_backend, import_flashinfer, rows_without_keys
+from smile_llm.attention.flashinfer import INSTALL_HINT, import_flashinfer, rows_without_keys
+from smile_llm.attention.flashinfer_limits import default_kernel_backend
 from smile_llm.cache.metadata import FlashInferKvMetadata
 
 from ..flashinfer_fake import FakeFlashInfer, install
@@ -33,12 +34,12 @@ D = 64  # head dim: the smallest FlashInfer's prefill kernels run
 
 
 # ------------------------------------------------------------------------------------------------ choosing
-def test_select_backend_on_cpu_is_the_reference() -> None:
-    from smile_llm.attention import ReferenceBackend
+def test_select_backend_on_cpu_is_the_torch_backend() -> None:
+    from smile_llm.attention import TorchBackend
 
     for prefer in (None, "reference"):
         backend = select_backend("cpu", prefer=prefer)
-        assert isinstance(backend, ReferenceBackend)
+        assert isinstance(backend, TorchBackend)
         assert isinstance(backend, AttentionBackend)
         assert backend.name == "reference"
 
@@ -209,8 +210,8 @@ def test_prefill_plans_causal_ragged_windows(fake_flashinfer: type[FakeFlashInfe
 def test_a_token_tree_mask_reaches_the_prefill_plan(fake_flashinfer: type[FakeFlashInfer]) -> None:
     """A custom mask goes to FlashInfer's prefill ``plan`` (not causal); the stand-in's attention under it equals
     the reference backend's; a mask without query windows is refused."""
-    from smile_llm.attention.reference import ReferenceBackend
-    from smile_llm.model.draft_tree import DraftTree, window_mask
+    from smile_llm.attention.torch_backend import TorchBackend
+    from smile_llm.speculative.draft_tree import DraftTree, window_mask
 
     tree = DraftTree(torch.zeros(2, 3, dtype=torch.int64), np.array([[0, 0, 1], [0, 1, 1]]))
     meta = _csr([9, 14], 4)
@@ -226,7 +227,7 @@ def test_a_token_tree_mask_reaches_the_prefill_plan(fake_flashinfer: type[FakeFl
     cache = torch.randn(16 * 4, 1, D, generator=gen).to(torch.bfloat16)
     q = torch.randn(8, 2, D, generator=gen).to(torch.bfloat16)
     got = backend.run(q, cache, cache.flip(0))
-    ref = ReferenceBackend()
+    ref = TorchBackend()
     ref.plan(meta, num_qo_heads=2, num_kv_heads=1, head_dim=D, qo_indptr=qo, q_dtype=torch.bfloat16,
              kv_dtype=torch.bfloat16, custom_mask=mask)
     torch.testing.assert_close(got, ref.run(q, cache, cache.flip(0)))

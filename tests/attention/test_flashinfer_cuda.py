@@ -78,7 +78,7 @@ def _qo_indptr(qo_lens: list[int]) -> torch.Tensor:
 
 
 def _reference(pool: KvCachePool, q: torch.Tensor, meta: FlashInferKvMetadata, **kwargs: Any) -> Any:
-    from smile_llm.attention.reference import paged_attention
+    from smile_llm.attention.torch_backend import paged_attention
 
     k, v = _layers(pool)
     return paged_attention(q, k, v, meta, k_scale=pool.k_scale, v_scale=pool.v_scale, return_lse=True, **kwargs)
@@ -191,7 +191,7 @@ def test_token_tree_masks_match_reference() -> None:
     """Token-tree verify windows: FlashInfer's prefill with ``custom_mask`` (ancestors only, RoPE aside) against
     the reference under the same mask, ragged contexts; ``qo_indptr`` and the CSR on the device (FlashInfer's mask
     plan does arithmetic on both) and, on Hopper, fa2 (fa3 has no custom masks)."""
-    from smile_llm.model.draft_tree import DraftTree, window_mask
+    from smile_llm.speculative.draft_tree import DraftTree, window_mask
 
     parents = np.array([[0, 0, 1, 1, 2, 0, 4], [0, 1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 2, 3, 3]])
     tree = DraftTree(torch.zeros(parents.shape, dtype=torch.int64), parents)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from smile_llm.attention.flashinfer import flashinfer_available
-from smile_llm.model import DEFAULT_DRAFT_DIR, LanguageModel
+from smile_llm import DEFAULT_DRAFT_DIR, LanguageModel
 
 pytestmark = [
     pytest.mark.cuda,
@@ -44,7 +44,7 @@ def test_the_default_model_falls_back_with_one_warning_and_generates() -> None:
     try:
         assert len(fallbacks) == 1 and "head dim 32" in fallbacks[0] and "reference" in fallbacks[0]
         assert lm.backend.name == "reference" and lm.transformer.dtype == torch.bfloat16
-        assert lm.decoder.decode_graphs is None and lm.decoder.verify_graphs is None  # graphs need FlashInfer
+        assert lm.runner.decode_graphs is None and lm.runner.verify_graphs is None  # graphs need FlashInfer
         out = lm.generate(CONFIDENT, 16, speculative_tokens=0)
         assert out.tokens[0] == cpu.generate(CONFIDENT, 1, speculative_tokens=0).tokens[0]
         spec = lm.generate(CONFIDENT, 16)  # MTP speculation: verify windows on the reference, on the GPU

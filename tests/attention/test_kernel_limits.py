@@ -17,14 +17,14 @@ import pytest
 import torch
 
 import smile_llm.attention.flashinfer as fi_backend
-import smile_llm.model.language_model as language_model
+import smile_llm.language_model as language_model
 from smile_llm.attention import FlashInferBackend, select_backend
 from smile_llm.attention.backend import AttentionShape
-from smile_llm.attention.flashinfer import kernel_limit, model_limit
-from smile_llm.attention.reference import ReferenceBackend, paged_attention
+from smile_llm.attention.flashinfer_limits import kernel_limit, model_limit
+from smile_llm.attention.torch_backend import TorchBackend, paged_attention
 from smile_llm.cache.metadata import FlashInferKvMetadata
-from smile_llm.model import LanguageModel
-from smile_llm.model.draft_tree import DraftTree, window_mask
+from smile_llm.language_model import LanguageModel
+from smile_llm.speculative.draft_tree import DraftTree, window_mask
 
 from ..flashinfer_fake import FakeDecode, FakeFlashInfer, FakePrefill, OnDevice, install, simulate_cuda
 
@@ -69,7 +69,7 @@ def _plan_tree(backend: Any, case: dict[str, Any]) -> None:
 
 
 def _reference_tree(case: dict[str, Any]) -> torch.Tensor:
-    ref = ReferenceBackend()
+    ref = TorchBackend()
     _plan_tree(ref, case)
     return ref.run(case["q"], case["k"], case["v"])
 
@@ -188,7 +188,7 @@ def test_select_backend_falls_back_per_model_with_one_warning(fake: type[FakeFla
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         backend = select_backend("cuda", shape=SHIPPED)
-    assert isinstance(backend, ReferenceBackend)
+    assert isinstance(backend, TorchBackend)
     assert len(caught) == 1 and caught[0].category is RuntimeWarning
     assert "head dim 32" in str(caught[0].message) and "reference" in str(caught[0].message)
     with warnings.catch_warnings(record=True) as caught:

@@ -1,5 +1,6 @@
-"""Attention split in two key sets and merged by log-sum-exp (``attention.merge``), and the reference backend's
-decode with its LSE (the fused one-chunk path a draft chain's history uses), against dense float64 attention."""
+"""Attention split in two key sets and merged by log-sum-exp (``attention.merge``), and the torch backend's
+decode with its LSE (the fused one-chunk path a draft chain's history uses), against the float64 reference
+(``attention.reference``)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from smile_llm.attention import merge, reference
+from smile_llm.attention import merge, torch_run
 from smile_llm.attention.merge import dense_attention, merge_by_lse
-from smile_llm.attention.reference import ReferenceBackend
+from smile_llm.attention.reference import dense_reference_attention, reference_paged_attention
+from smile_llm.attention.torch_backend import TorchBackend
 
-from .test_reference import make_case, oracle
+from .cases import make_case
 
 
 def dense64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 softmax attention of ``q`` ``[B, H, G, D]`` over ``k``/``v`` ``[B, H, L, D]``: out and LSE [..., 1]."""
-    s = torch.einsum("bhgd,bhld->bhgl", q.double(), k.double()) * scale
-    lse = torch.logsumexp(s, -1, keepdim=True)
-    return torch.einsum("bhgl,bhld->bhgd", torch.exp(s - lse), v.double()), lse
+    """The float64 reference of ``q`` ``[B, H, G, D]`` over ``k``/``v`` ``[B, H, L, D]``: out and LSE [..., 1]."""
+    out, lse = dense_reference_attention(q, k, v, scale=scale)
+    return out, lse.unsqueeze(-1)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["cpu-kernel", "matmuls"])
@@ -41,7 +42,7 @@ def test_dense_attention_matches_float64(fused: bool, keys: int) -> None:
 
 @pytest.mark.parametrize("split", [1, 7, 19])
 def test_merging_two_parts_equals_attention_over_all_keys(split: int) -> None:
-    """Keys [0, split) and [split, 20) attended apart and merged give attention over all 20 (float64 oracle)."""
+    """Keys [0, split) and [split, 20) attended apart and merged give attention over all 20 (float64 reference)."""
     g = torch.Generator().manual_seed(split)
     q, k, v = torch.randn(1, 2, 3, 16, generator=g), torch.randn(1, 2, 20, 16, generator=g), \
         torch.randn(1, 2, 20, 16, generator=g)
@@ -61,17 +62,17 @@ def test_a_part_without_keys_weighs_nothing() -> None:
 
 
 @pytest.mark.parametrize("lengths", [[37], [5, 0, 23], [16, 16, 1]])
-def test_reference_decode_returns_the_lse_of_the_oracle(lengths: list[int]) -> None:
+def test_torch_backend_decode_returns_the_lse_of_the_reference(lengths: list[int]) -> None:
     """A decode plan (one query per row, rows of any length, an empty row too) run with ``return_lse``: the output
-    and the base-2 LSE equal the float64 oracle's (an empty row: output 0, LSE -inf). Every such plan takes the fused
+    and the base-2 LSE equal the float64 reference's (an empty row: output 0, LSE -inf). Every such plan takes the fused
     CPU kernel that returns the LSE (padded rows and the empty row masked)."""
     case = make_case(np.random.default_rng(len(lengths)), lengths, None, 4, 2, 3, 8)
-    backend = ReferenceBackend()
+    backend = TorchBackend()
     backend.plan(case.meta, num_qo_heads=6, num_kv_heads=2, head_dim=8)
-    with mock.patch.object(reference, "_one_chunk_flash", wraps=reference._one_chunk_flash) as fused:
+    with mock.patch.object(torch_run, "one_chunk_flash", wraps=torch_run.one_chunk_flash) as fused:
         out, lse = backend.run(case.q, case.k, case.v, return_lse=True)
     assert fused.called
-    want, want_lse = oracle(case.q, case.k, case.v, case.meta)
+    want, want_lse = reference_paged_attention(case.q, case.k, case.v, case.meta)
     assert (out.double() - want).abs().max().item() < 1e-5
     seen = want_lse > -math.inf
     assert torch.equal(lse > -math.inf, seen)

@@ -20,10 +20,12 @@ import pytest
 import torch
 
 from smile_llm.attention.flashinfer import FlashInferBackend, flashinfer_available
-from smile_llm.attention.reference import ReferenceBackend
+from smile_llm.attention.torch_backend import TorchBackend
 from smile_llm.cache import KvCachePool
-from smile_llm.model import LanguageModel, ModelConfig, Transformer
-from smile_llm.model.draft_tree import DraftTree, window_mask
+from smile_llm.language_model import LanguageModel
+from smile_llm.models.config import ModelConfig
+from smile_llm.models.transformer import Transformer
+from smile_llm.speculative.draft_tree import DraftTree, window_mask
 
 pytestmark = [
     pytest.mark.cuda,
@@ -48,7 +50,7 @@ def _prefilled_pool(tr: Transformer) -> KvCachePool:
     for prompt in PROMPTS:
         rid = pool.bind_request(prompt[:-1], 32)
         pool.activate_step(rid)
-        tr(torch.tensor([prompt[:-1]], device="cuda"), np.array([0]), pool, ReferenceBackend())
+        tr(torch.tensor([prompt[:-1]], device="cuda"), np.array([0]), pool, TorchBackend())
         ids.append(rid)
     pool.activate_step(*ids)
     return pool
@@ -63,14 +65,14 @@ def test_a_tree_verify_forward_through_flashinfer_equals_the_reference() -> None
     window = torch.cat([torch.tensor([[p[-1]] for p in PROMPTS]), tokens], dim=1).cuda()
     start = np.array([len(p) - 1 for p in PROMPTS])
     offsets, mask = tree.depths(), window_mask(tree, start)
-    want = tr(window, start, _prefilled_pool(tr), ReferenceBackend(), offsets=offsets, mask=mask).logits.float()
+    want = tr(window, start, _prefilled_pool(tr), TorchBackend(), offsets=offsets, mask=mask).logits.float()
     backend = FlashInferBackend("cuda")
     got = tr(window, start, _prefilled_pool(tr), backend, offsets=offsets, mask=mask).logits.float()
     assert backend.kernel == "prefill"
     assert torch.isfinite(got).all()
     err, scale = (got - want).abs().max().item(), want.abs().max().item()
     assert err <= REL * scale, f"max error {err:.3g} > {REL} x {scale:.3g}"
-    causal = tr(window, start, _prefilled_pool(tr), ReferenceBackend()).logits.float()  # the same window, no tree
+    causal = tr(window, start, _prefilled_pool(tr), TorchBackend()).logits.float()  # the same window, no tree
     assert (causal - want).abs().max().item() > 2 * REL * scale  # the tolerance tells a dropped mask apart
 
 

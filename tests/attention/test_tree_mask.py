@@ -1,38 +1,17 @@
-"""Custom masks (token-tree verify windows) in the reference attention, against a dense float64 oracle that gathers
-each row's keys page by page and applies the mask itself."""
+"""Custom masks (token-tree verify windows) in the torch backend, against the float64 reference
+(``attention.reference``) under the same mask."""
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import pytest
 import torch
 
-from smile_llm.attention.reference import ReferenceBackend
-from smile_llm.model.draft_tree import DraftTree, window_mask
+from smile_llm.attention.reference import reference_paged_attention
+from smile_llm.attention.torch_backend import TorchBackend
+from smile_llm.speculative.draft_tree import DraftTree, window_mask
 
-from .test_reference import make_case
-
-
-def masked_oracle(case, q_lens: list[int], kv_lens: list[int], mask: np.ndarray) -> torch.Tensor:
-    """Dense float64 attention of every row under its ``[q_len, kv_len]`` block of the flat ``mask``."""
-    meta = case.meta
-    indptr, indices, ps = meta.indptr.tolist(), meta.indices.tolist(), meta.page_size
-    group = case.q.shape[1] // case.k.shape[2]
-    out = torch.zeros(case.q.shape, dtype=torch.float64)
-    qo, at = 0, 0
-    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
-        pages = indices[indptr[b] : indptr[b + 1]]
-        k = torch.cat([case.k[p].double() for p in pages])[:kv_len].repeat_interleave(group, dim=1)
-        v = torch.cat([case.v[p].double() for p in pages])[:kv_len].repeat_interleave(group, dim=1)
-        q = case.q[qo : qo + q_len].double()
-        logits = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(q.shape[-1])
-        block = torch.from_numpy(mask[at : at + q_len * kv_len].reshape(q_len, kv_len))
-        logits = logits.masked_fill(~block, -math.inf)
-        out[qo : qo + q_len] = torch.einsum("hij,jhd->ihd", torch.softmax(logits, -1), v)
-        qo, at = qo + q_len, at + q_len * kv_len
-    return out
+from .cases import assert_close, make_case
 
 
 def tree(parents: list[list[int]]) -> DraftTree:
@@ -45,20 +24,20 @@ def tree(parents: list[list[int]]) -> DraftTree:
     ([[0, 0, 1, 1, 2, 0], [0, 1, 2, 3, 4, 5]], [5, 70], 16),  # a bushy tree and a chain, ragged contexts
     ([[0, 0, 0, 1, 2, 3], [0, 1, 1, 2, 2, 4], [0, 0, 1, 2, 3, 4]], [3, 130, 64], 8),
 ])
-def test_tree_masks_match_the_dense_float64_oracle(parents, context, page_size) -> None:
+def test_tree_masks_match_the_float64_reference(parents, context, page_size) -> None:
     t = tree(parents)
     q_len = t.size + 1
     kv_lens = [c + q_len for c in context]
     case = make_case(np.random.default_rng(7), kv_lens, [q_len] * len(kv_lens), page_size, hkv=2, group=2, d=16)
     mask = window_mask(t, np.array(context)).numpy()
-    backend = ReferenceBackend()
+    backend = TorchBackend()
     backend.plan(case.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16,
                  qo_indptr=torch.tensor(case.qo_indptr, dtype=torch.int32), causal=False,
                  custom_mask=torch.from_numpy(mask))
     got = backend.run(case.q, case.k, case.v)
-    want = masked_oracle(case, [q_len] * len(kv_lens), kv_lens, mask)
-    assert not torch.isnan(got).any()
-    torch.testing.assert_close(got.double(), want, atol=2e-5, rtol=0)
+    want, _ = reference_paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=case.qo_indptr,
+                                        custom_mask=mask)
+    assert_close(got, want)
     # a chain is the causal mask: the same result as the causal plan
     chain = tree([list(range(t.size))] * len(kv_lens))
     backend.plan(case.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16,
@@ -72,7 +51,7 @@ def test_tree_masks_match_the_dense_float64_oracle(parents, context, page_size) 
 
 def test_a_custom_mask_of_the_wrong_size_or_without_windows_is_refused() -> None:
     case = make_case(np.random.default_rng(1), [10], [3], 4, hkv=1, group=1, d=8)
-    backend = ReferenceBackend()
+    backend = TorchBackend()
     with pytest.raises(ValueError, match="sum\\(qo_len \\* kv_len\\) = 30"):
         backend.plan(case.meta, num_qo_heads=1, num_kv_heads=1, head_dim=8,
                      qo_indptr=torch.tensor(case.qo_indptr, dtype=torch.int32), custom_mask=torch.ones(29, dtype=torch.bool))

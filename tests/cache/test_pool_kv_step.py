@@ -216,7 +216,7 @@ def test_a_prefetch_scratch_index_writes_only_scratch_and_records_nothing() -> N
     kv.commit()
     assert kv_lens(pool, ids) == kv_before == [6, 6]
     changed = set((pool.key_cache != before).any(dim=-1).any(dim=-1)[0].nonzero().flatten().tolist())
-    scratch = set((pool._prefetch.scratch_pages[:, None] * PS + np.arange(PS)).reshape(-1).tolist())
+    scratch = set((pool._graphs.prefetch.scratch_pages[:, None] * PS + np.arange(PS)).reshape(-1).tolist())
     assert changed and changed <= scratch and not changed & set(pool.slot_indices(64).tolist())
     pool.check_invariants()
     pool.end_prefetch_decode_graph_step()

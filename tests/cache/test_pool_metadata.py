@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from smile_llm.cache import KvCacheExhaustedError, KvCacheLayout, KvCachePool
-from smile_llm.attention.reference import paged_attention
+from smile_llm.attention.torch_backend import paged_attention
 from smile_llm.cache.metadata import FlashInferKvMetadata
 
 from .snapshot import expect_unchanged
@@ -226,7 +226,7 @@ def test_decode_graph_step_writes_through_the_fixed_index_and_the_graph_csr_in_p
     pool.put(0, 0, ones(2, 20), ones(2, 20))
     pool.decode_graph_buffers = True
     meta = pool.prepare_decode_graph_step(21, 20)
-    index = pool._decode.index
+    index = pool._graphs.decode.index
     addresses, index_ptr = ptrs(meta), index.data_ptr()
     assert pool.decode_graph_metadata(2) is meta and meta.last_page_len.tolist() == [5, 5]
     assert index.tolist() == pool.window_slot_indices(20, 1).tolist()
@@ -235,7 +235,7 @@ def test_decode_graph_step_writes_through_the_fixed_index_and_the_graph_csr_in_p
     for step in range(21, 32):  # stays inside page 2: bumped in place, same addresses
         meta = pool.prepare_decode_graph_step(step + 1, step)
         pool.put(0, step, ones(2, 1, float(step)), ones(2, 1, float(step)))
-        assert ptrs(meta) == addresses and pool._decode.index.data_ptr() == index_ptr
+        assert ptrs(meta) == addresses and pool._graphs.decode.index.data_ptr() == index_ptr
     k, _ = pool.get(0, 32)
     assert k[:, 20:, 0, 0].tolist() == [[5.0] + [float(s) for s in range(21, 32)]] * 2
     assert ptrs(pool.prepare_decode_graph_step(33, 32)) == addresses  # page 3: the graph CSR never moves
@@ -278,7 +278,7 @@ def test_prefetch_capture_writes_only_scratch_slots() -> None:
     after = pool.key_cache
     differs = (after != before) & ~(after.isnan() & before.isnan())
     changed = set(differs.any(dim=-1).any(dim=-1)[0].nonzero().flatten().tolist())
-    scratch = set((pool._prefetch.scratch_pages[:, None] * 16 + np.arange(16)).reshape(-1).tolist())
+    scratch = set((pool._graphs.prefetch.scratch_pages[:, None] * 16 + np.arange(16)).reshape(-1).tolist())
     assert changed and changed <= scratch and not changed & live_slots  # no live slot was written
     assert not pool.key_cache[0, sorted(scratch)].isnan().any()  # scratch pages are zeroed, never poison
     assert [pool.kv_len(i) for i in ids] == kv_before
@@ -316,10 +316,10 @@ def test_verify_graph_csr_keeps_its_address_across_page_growth() -> None:
     assert pool.consume_verify_graph_meta_realloc() is True and pool.consume_verify_graph_meta_realloc() is False
     addresses = ptrs(meta)
     assert meta.indices.shape == (2 * 16,)  # every row at the pool's full page count
-    index_ptr = pool._verify.index.data_ptr()
+    index_ptr = pool._graphs.verify.index.data_ptr()
     for start in range(14, 44, 4):  # grows from 1 to 3 pages per row
         meta = pool.prepare_verify_graph_step([start + 4, start + 4], [start, start], 4)
-        assert ptrs(meta) == addresses and pool._verify.index.data_ptr() == index_ptr
+        assert ptrs(meta) == addresses and pool._graphs.verify.index.data_ptr() == index_ptr
         assert pool.consume_verify_graph_meta_realloc() is False
         pages = -(-(start + 4) // 16)
         assert meta.indptr.tolist() == [0, pages, 2 * pages]
@@ -452,20 +452,20 @@ def test_write_indices_and_qo_indptr_are_fixed_per_shape_for_the_pool_life() -> 
     pool.activate_step(*ids[:2])
     pool.put(0, 0, ones(2, 8), ones(2, 8))
     pool.prepare_decode_graph_step(9, 8)
-    decode2 = pool._decode.index
+    decode2 = pool._graphs.decode.index
     pool.prepare_verify_graph_step(11, 8, 3)
-    verify23 = pool._verify.index
+    verify23 = pool._graphs.verify.index
     qo23 = pool.verify_qo_indptr(2, 3)
     pool.activate_step(*ids)  # batch 3: other buffers
     pool.put(0, 0, ones(3, 8), ones(3, 8))
     pool.prepare_decode_graph_step(9, 8)
     pool.prepare_verify_graph_step(12, 8, 4)
-    assert pool._decode.index is not decode2 and pool._verify.index is not verify23
+    assert pool._graphs.decode.index is not decode2 and pool._graphs.verify.index is not verify23
     assert pool.verify_qo_indptr(3, 4).tolist() == [0, 4, 8, 12]
     pool.activate_step(*ids[:2])  # back to batch 2: the very same tensors graphs captured
     pool.prepare_decode_graph_step(10, 9)
     pool.prepare_verify_graph_step(12, 9, 3)
-    assert pool._decode.index is decode2 and pool._verify.index is verify23 and pool.verify_qo_indptr(2, 3) is qo23
+    assert pool._graphs.decode.index is decode2 and pool._graphs.verify.index is verify23 and pool.verify_qo_indptr(2, 3) is qo23
     assert decode2.tolist() == pool.window_slot_indices(9, 1).tolist()
 
 

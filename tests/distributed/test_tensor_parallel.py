@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from smile_llm.model import LanguageModel, ModelConfig
-from smile_llm.model.sharding import check_shardable, local_config, shard_range, vocab_partition
+from smile_llm.language_model import LanguageModel
+from smile_llm.models.config import ModelConfig
+from smile_llm.models.sharding import check_shardable, local_config, shard_range, vocab_partition
 from smile_llm.distributed import TensorParallel
 
-from ..model.hybrid_models import hybrid_zoo  # noqa: F401 - fixture
-from ..model.mtp_models import build_mtp_model
+from ..models.hybrid_models import hybrid_zoo  # noqa: F401 - fixture
+from ..models.mtp_models import build_mtp_model
 from .tp_worker import TIMEOUT_S, logit_tolerance, spawn
 
 
@@ -166,7 +167,7 @@ def test_the_sharding_plan() -> None:
 
 
 def test_a_tensor_parallel_transformer_needs_the_whole_vocabulary(folder: Path) -> None:
-    from smile_llm.model import Transformer
+    from smile_llm.models.transformer import Transformer
 
     config = ModelConfig.from_pretrained(folder)
     tp = TensorParallel(0, 2)

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 if TYPE_CHECKING:
-    from smile_llm.model import ModelConfig
+    from smile_llm.models.config import ModelConfig
 
 TIMEOUT_S = 20.0
 PROMPTS = [[(7 * i + 3) % 97 for i in range(22)], [5, 9, 11, 2, 40, 41, 42], [(11 * i + 5) % 97 for i in range(37)]]
@@ -104,7 +104,7 @@ def _rank(rank: int, size: int, port: int, scenario: str, folder: str, out: str)
 
 
 def load(folder: Path, tp: int, **kwargs: Any) -> Any:
-    from smile_llm.model import LanguageModel
+    from smile_llm.language_model import LanguageModel
 
     return LanguageModel.from_pretrained(folder, page_size=4, max_seq_len=128, max_batch_size=4, tensor_parallel=tp,
                                          **kwargs)
@@ -230,7 +230,7 @@ def greedy(rank: int, folder: Path, result: dict[str, Any]) -> None:
     """Rank 0 records TP=size and TP=1 step-by-step logits, greedy tokens (plain and 24 of them drafted by n-gram
     lookup of single tokens, whose drafts copy ids from the whole vocabulary, with their counters: ``spec_stats``);
     the compute dtype; digest check on."""
-    from smile_llm.model.drafters.ngram import NgramDrafter
+    from smile_llm.speculative.drafters.ngram import NgramDrafter
 
     lm = load(folder, dist.get_world_size(), lockstep_check=True, drafter=NgramDrafter(min_n=1, max_n=3))
 

@@ -224,7 +224,7 @@ def test_bad_input_is_refused_at_submit_and_generate_shares_the_scheduler(lm, so
         assert h.result(60).tokens == solo[1]
         with pytest.raises(RuntimeError, match="already serves"):
             InferenceEngine(lm)
-    assert lm.serving_engine is None
+    assert not lm.server.engine_attached
     assert len(lm.generate("abc", 3).tokens) == 3
     with pytest.raises(EngineShutdownError):
         engine.submit("abc")
@@ -249,7 +249,7 @@ def test_shutdown_cancel_pending_releases_everything(lm):
 def test_a_failing_forward_evicts_its_rows_and_the_engine_keeps_serving(lm, solo, monkeypatch):
     engine = InferenceEngine(lm, start=False)
     calls = {"n": 0}
-    real_step = lm.decoder.step
+    real_step = lm.runner.step
 
     def flaky(seqs):
         calls["n"] += 1
@@ -257,7 +257,7 @@ def test_a_failing_forward_evicts_its_rows_and_the_engine_keeps_serving(lm, solo
             raise RuntimeError("simulated device error")
         return real_step(seqs)
 
-    monkeypatch.setattr(lm.decoder, "step", flaky)
+    monkeypatch.setattr(lm.runner, "step", flaky)
     bad = engine.submit(PROMPTS[0], SamplingParams(max_new_tokens=40))
     while engine.step():
         pass
@@ -277,10 +277,10 @@ def test_speculative_max_batch_decodes_large_steps_plainly(lm, solo, monkeypatch
     """With ``speculative_max_batch = 2`` a step of more rows is plain; once rows finish and two or fewer are left,
     they speculate again from their kept draft history. Every row still gets its solo greedy tokens."""
     steps: list[tuple[str, int]] = []
-    real_spec, real_plain = lm.decoder._verify, lm.decoder.decode
-    monkeypatch.setattr(lm.decoder, "_verify", lambda seqs, n, drafts, probs: steps.append(("spec", len(seqs))) or
+    real_spec, real_plain = lm.runner._verify, lm.runner.decode
+    monkeypatch.setattr(lm.runner, "_verify", lambda seqs, n, drafts, probs: steps.append(("spec", len(seqs))) or
                         real_spec(seqs, n, drafts, probs))
-    monkeypatch.setattr(lm.decoder, "decode", lambda seqs, allow_graph=True: steps.append(("plain", len(seqs))) or
+    monkeypatch.setattr(lm.runner, "decode", lambda seqs, allow_graph=True: steps.append(("plain", len(seqs))) or
                         real_plain(seqs, allow_graph))
     with pytest.raises(ValueError, match="speculative_max_batch"):
         lm.speculative_max_batch = -1
@@ -311,14 +311,14 @@ def test_short_prompts_admitted_together_are_prefilled_in_one_forward(lm, solo, 
     (``prefill_batch``, padding sealed off); a prompt longer than the budget is chunked as before. Outputs equal
     each request's solo output."""
     batches: list[int] = []
-    real = lm.decoder.prefill_batch
+    real = lm.runner.prefill_batch
 
     def spy(seqs):  # type: ignore[no-untyped-def]
         batches.append(len(seqs))
         real(seqs)
         assert all(lm.pool.kv_len(s.request_id) == len(s.prompt) for s in seqs)
 
-    monkeypatch.setattr(lm.decoder, "prefill_batch", spy)
+    monkeypatch.setattr(lm.runner, "prefill_batch", spy)
     monkeypatch.setattr(lm.pool, "prefix_reuse_enabled", False)  # whole prompts (solo cached them)
     picks = [0, 1, 4, 2]  # PROMPTS[2] (88 tokens) does not fit what the three before it leave of a 100-token budget
     with InferenceEngine(lm, max_batch_size=4, prefill_tokens_per_step=100, start=False) as engine:

@@ -27,12 +27,12 @@ def test_async_scenario(jvm: Jvm, name: str) -> None:
     pool = jvm.model.pool
     pool.check_invariants()
     assert pool.bound_request_count == 0
-    assert jvm.model.serving_engine is None  # every scenario detaches its engine
+    assert not jvm.model.server.engine_attached  # every scenario detaches its engine
     assert jvm.model.server.num_waiting == 0 and jvm.model.server.num_running == 0
 
 
 def test_java_default_prefill_budget_is_the_python_chunk(jvm: Jvm) -> None:
-    from smile_llm.model.decoder import PREFILL_CHUNK
+    from smile_llm.serving.model_runner import PREFILL_CHUNK
 
     assert int(jvm.cls("smile.llm.engine.InferenceEngine").DEFAULT_PREFILL_TOKEN_BUDGET) == PREFILL_CHUNK
 

@@ -77,7 +77,7 @@ def chat_model(jvm: Jvm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
     """The default model with ``TEMPLATE`` as its chat template, registered for Java as "chatModel"."""
     from java_bridge.adapters import LanguageModelAdapter
     from smile_llm import LanguageModel
-    from smile_llm.model.language_model import DEFAULT_MODEL_DIR
+    from smile_llm.models.shipped import DEFAULT_MODEL_DIR
 
     folder = tmp_path_factory.mktemp("chat_model")
     for f in ("config.json", "model.safetensors", "smile_tokenizer.json"):

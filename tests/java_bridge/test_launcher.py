@@ -147,7 +147,7 @@ def test_a_hybrid_checkpoint_serves_java(java_classes: Path, tmp_path: Path) -> 
     """A hybrid Qwen3-Next checkpoint (Gated DeltaNet, MoE, MTP) behind Bridge.languageModel(): Java generates
     speculatively through the same request path."""
     pytest.importorskip("transformers")
-    from tests.model.hybrid_models import build_hybrid_model
+    from tests.models.hybrid_models import build_hybrid_model
 
     build_hybrid_model("qwen3_next", tmp_path / "hybrid", seed=7)
     done = launch(java_classes, "bridgetest.apps.ModelApp", options=("--model", str(tmp_path / "hybrid")))

@@ -17,7 +17,7 @@ from .conftest import Jvm, require_java, scenario_names
 
 require_java()
 
-from smile_llm.model.request import SamplingParams  # noqa: E402
+from smile_llm.serving.request import SamplingParams  # noqa: E402
 
 from .test_scenarios import run  # noqa: E402 - after require_java
 
@@ -148,7 +148,7 @@ def test_draft_tree_generate_equals_python_and_plain(jvm: Jvm, java: Any, monkey
 def test_speculative_tokens_auto_generate_equals_python_and_plain(jvm: Jvm, java: Any,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     params = builder(jvm).maxNewTokens(SPECULATIVE_TOKENS).speculativeTokensAuto().build()
-    choices = recording(monkeypatch, jvm.model.decoder.draft_policy, "choose")
+    choices = recording(monkeypatch, jvm.model.runner.draft_policy, "choose")
     c = java.generate(ids(jvm), params)
     assert choices  # the model's draft policy chose the rounds' drafts
     py = jvm.model.generate(PROMPT, SPECULATIVE_TOKENS, speculative_tokens="auto")
@@ -201,7 +201,7 @@ def test_bad_value_is_refused_by_name_with_nothing_queued(jvm: Jvm, java: Any, h
 @pytest.mark.parametrize("how", ["generate", "submit", "stream", "streamText", "generateSamples"])
 def test_draft_tree_refused_by_name_without_a_tree_drafter(jvm: Jvm, java: Any, how: str,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jvm.model, "drafter", None)  # Request.create reads it; the decoder is not reached
+    monkeypatch.setattr(jvm.model.runner, "drafter", None)  # the request check reads it; the decoder is not reached
     params = builder(jvm).maxNewTokens(4).draftTree(3, 2, 2).build()
     with pytest.raises(jvm.cls("java.lang.IllegalArgumentException")) as info:
         java.call(how, params)

@@ -15,9 +15,9 @@ from smile_llm import cli
 from smile_llm.lab import (Configuration, LabConfig, LabError, RoundTally, TimedDrafter, chi2_sf, install_timer,
                            load_workload, parse_ks, parse_names, parse_trees, parse_workload, policy_supported, run_lab,
                            shipped_workloads, trees_supported, two_sample_chi2, write_results)
-from smile_llm.model import LanguageModel
-from smile_llm.model.drafters import Drafter
-from smile_llm.model.speculative import AcceptResult, RoundRecord
+from smile_llm.language_model import LanguageModel
+from smile_llm.speculative.drafters import Drafter
+from smile_llm.speculative.acceptance import AcceptResult, RoundRecord
 
 PLOTS = ("acceptance_by_position.png", "speedup_by_k.png", "drafters.png")
 
@@ -84,7 +84,7 @@ def test_round_tally_matches_completion_stats_and_the_timer_sees_propose() -> No
     lm = LanguageModel.default(max_batch_size=1, max_seq_len=256)
     try:
         timer = install_timer(lm)
-        assert isinstance(timer, Drafter) and lm.decoder.drafter is timer and install_timer(lm) is timer
+        assert isinstance(timer, Drafter) and lm.runner.drafter is timer and install_timer(lm) is timer
         tally = RoundTally()
         out = lm.generate("import os\nimport sys\n\n\ndef main(argv):\n    ", 40, speculative_tokens=3,
                           on_round=tally.add)
@@ -112,16 +112,16 @@ def test_round_tally_counts_positions() -> None:
 
 
 def break_acceptance(monkeypatch) -> None:
-    """A broken acceptance rule for the decoder: the bonus token off by one."""
-    import smile_llm.model.decoder as decoder
+    """A broken acceptance rule for the verify step: the bonus token off by one."""
+    import smile_llm.speculative.row_acceptance as rows
 
-    real = decoder.accept_greedy
+    real = rows.accept_greedy
 
     def lossy(drafts, targets):
         r = real(drafts, targets)
         return AcceptResult(r.num_accepted, r.tokens[:-1] + ((r.tokens[-1] + 1) % 256,))
 
-    monkeypatch.setattr(decoder, "accept_greedy", lossy)
+    monkeypatch.setattr(rows, "accept_greedy", lossy)
 
 
 def test_the_lossless_check_catches_a_lossy_decoder(two_prompts: Path, tmp_path: Path, monkeypatch,
@@ -241,7 +241,7 @@ def test_bad_drafters_and_ranges_are_refused_before_anything_runs(two_prompts: P
 
 def linear_only(ctx) -> Drafter:
     """A drafter factory (``module:callable``): linear n-gram drafts without ``propose_tree``."""
-    from tests.model.test_draft_tree import LinearOnly
+    from tests.speculative.test_draft_tree import LinearOnly
 
     return LinearOnly()
 

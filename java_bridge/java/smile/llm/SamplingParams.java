@@ -9,7 +9,7 @@ import java.util.Objects;
 
 /**
  * The settings of one request, an immutable value built with {@link #builder()}: the Java form of Python's
- * {@code smile_llm.model.request.SamplingParams}, one builder method per Python field (the Python name in
+ * {@code smile_llm.serving.request.SamplingParams}, one builder method per Python field (the Python name in
  * parentheses below). The defaults are Python's.
  *
  * <p>The builder does not check values. A request is validated once, in Python, when it is created (by
