@@ -1,8 +1,8 @@
 """smile-llm: the LLM serving core of Smile in Python.
 
-The facade: what callers use. The language model (``generate``, ``chat``, ``stream``), the engine and the requests
-it takes and returns, the paged KV-cache pool with its radix prefix cache, and every error a caller may handle.
-Everything else is internal and may move.
+The facade: what callers use. The language model (``generate``, ``chat``, ``stream``), the engine
+and the requests it takes and returns, the paged KV-cache pool with its radix prefix cache, and
+every error a caller may handle. Everything else is internal and may move.
 """
 
 from .cache import (

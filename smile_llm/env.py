@@ -1,4 +1,5 @@
-"""The environment switches the project honours (Smile's documented ones), read in this one place."""
+"""The environment switches the project honours (Smile's documented ones), read in this one
+place."""
 
 from __future__ import annotations
 
@@ -6,18 +7,20 @@ import os
 
 
 def zero_rejected_kv() -> bool:
-    """``SMILE_MTP_ZERO_REJECTED_KV=1``: ``truncate_to`` zeroes the rejected tail of a verify window."""
+    """``SMILE_MTP_ZERO_REJECTED_KV=1``: ``truncate_to`` zeroes the rejected tail of
+    a verify window."""
     return os.environ.get("SMILE_MTP_ZERO_REJECTED_KV") == "1"
 
 
 def cuda_graphs_enabled() -> bool:
-    """``SMILE_CUDA_GRAPHS=0`` turns CUDA-graph replay of decode and verify forwards off (on by default)."""
+    """``SMILE_CUDA_GRAPHS=0`` turns CUDA-graph replay of decode and verify forwards off
+    (on by default)."""
     return os.environ.get("SMILE_CUDA_GRAPHS", "1") != "0"
 
 
 def tp_check() -> bool:
-    """``SMILE_TP_CHECK=1``: tensor-parallel followers compare their pools' digests with rank 0's before every
-    forward (a debug check; off by default)."""
+    """``SMILE_TP_CHECK=1``: tensor-parallel followers compare their pools' digests with rank 0's
+    before every forward (a debug check; off by default)."""
     return os.environ.get("SMILE_TP_CHECK") == "1"
 
 
@@ -31,8 +34,9 @@ def _positive_int(name: str) -> int | None:
 
 
 def tp_timeout_s(default: float) -> float:
-    """``SMILE_TP_TIMEOUT_S``: how long a tensor-parallel collective may wait for the other ranks, in seconds
-    (``default`` when unset). ValueError naming the variable when it is not a positive finite number."""
+    """``SMILE_TP_TIMEOUT_S``: how long a tensor-parallel collective may wait for the other
+    ranks, in seconds (``default`` when unset). ValueError naming the variable when it is not a
+    positive finite number."""
     raw = os.environ.get("SMILE_TP_TIMEOUT_S", "")
     if raw == "":
         return default
@@ -46,12 +50,14 @@ def tp_timeout_s(default: float) -> float:
 
 
 def distributed_launch() -> bool:
-    """True inside a distributed launch (``torchrun`` sets ``RANK`` and ``WORLD_SIZE`` for every rank)."""
+    """True inside a distributed launch (``torchrun`` sets ``RANK`` and ``WORLD_SIZE``
+    for every rank)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def local_rank() -> int:
-    """``LOCAL_RANK`` (set by ``torchrun``): this rank's index among the ranks on its machine; 0 when unset."""
+    """``LOCAL_RANK`` (set by ``torchrun``): this rank's index among the ranks on its
+    machine; 0 when unset."""
     try:
         return max(0, int(os.environ.get("LOCAL_RANK", "0")))
     except ValueError:
@@ -59,14 +65,14 @@ def local_rank() -> int:
 
 
 def world_size() -> int | None:
-    """``WORLD_SIZE`` (set by ``torchrun`` for every rank): the number of processes of a distributed launch, or None
-    outside one."""
+    """``WORLD_SIZE`` (set by ``torchrun`` for every rank): the number of processes of a distributed
+    launch, or None outside one."""
     return _positive_int("WORLD_SIZE")
 
 
 def usable_cores() -> int:
-    """The CPU cores this process may run on: its CPU affinity (``taskset``, cgroup cpusets), or ``os.cpu_count()``
-    where the platform has no affinity call. At least 1."""
+    """The CPU cores this process may run on: its CPU affinity (``taskset``, cgroup cpusets), or
+    ``os.cpu_count()`` where the platform has no affinity call. At least 1."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -74,9 +80,10 @@ def usable_cores() -> int:
 
 
 def default_threads() -> int:
-    """The torch intra-op threads a command uses without ``--threads``: ``OMP_NUM_THREADS`` when set to a positive
-    int (``torchrun`` sets 1 unless the caller set it), else ``usable_cores()`` divided among the ranks on this
-    machine (``LOCAL_WORLD_SIZE``, set by ``torchrun``), at least 1."""
+    """The torch intra-op threads a command uses without ``--threads``: ``OMP_NUM_THREADS`` when
+    set to a positive int (``torchrun`` sets 1 unless the caller set it), else
+    ``usable_cores()`` divided among the ranks on this machine (``LOCAL_WORLD_SIZE``, set by
+    ``torchrun``), at least 1."""
     explicit = _positive_int("OMP_NUM_THREADS")
     if explicit is not None:
         return explicit

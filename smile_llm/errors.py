@@ -1,9 +1,10 @@
-"""Typed errors of the model package: what a model folder holds (``config.json``, the safetensors checkpoint,
-``tokenizer.json``, the chat template) and what a request meets (a field of the wrong type, cancellation, shutdown).
+"""Typed errors of the model package: what a model folder holds (``config.json``, the safetensors
+checkpoint, ``tokenizer.json``, the chat template) and what a request meets (a field of the wrong
+type, cancellation, shutdown).
 
-Every model-file error is a ``ValueError`` (callers that catch ValueError for bad input catch them all) whose
-message names the file (when there is one) and the field, tensor or template at fault. ``path`` and ``field`` keep both for code that
-wants them without parsing the message.
+Every model-file error is a ``ValueError`` (callers that catch ValueError for bad input catch them
+all) whose message names the file (when there is one) and the field, tensor or template at fault.
+``path`` and ``field`` keep both for code that wants them without parsing the message.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ E = TypeVar("E", bound="ModelFileError")
 
 
 class ModelFileError(ValueError):
-    """A file of a model folder is malformed, out of range or disagrees with another file. ``str(error)`` is
-    ``"<path>: <message>"`` (just the message when no file is known); ``field``: the config field, tensor or entry
-    named by the message, if any."""
+    """A file of a model folder is malformed, out of range or disagrees with another file.
+    ``str(error)`` is ``"<path>: <message>"`` (just the message when no file is known); ``field``:
+    the config field, tensor or entry named by the message, if any."""
 
-    def __init__(self, message: str, *, path: str | Path | None = None, field: str | None = None) -> None:
+    def __init__(self, message: str, *, path: str | Path | None = None,
+                 field: str | None = None) -> None:
         self.message, self.field = message, field
         self.path = None if path is None else Path(path)
         super().__init__(message if path is None else f"{path}: {message}")
@@ -32,12 +34,13 @@ class ModelFileError(ValueError):
 
 
 class ConfigError(ModelFileError):
-    """A ``config.json`` field of the wrong type, out of range, or inconsistent with another field."""
+    """A ``config.json`` field of the wrong type, out of range, or inconsistent with another
+    field."""
 
 
 class CheckpointError(ModelFileError):
-    """A safetensors file or shard index that is corrupt or unsafe (a shard outside the folder), or a checkpoint
-    whose tensors disagree with the config."""
+    """A safetensors file or shard index that is corrupt or unsafe (a shard outside the folder), or
+    a checkpoint whose tensors disagree with the config."""
 
 
 class TokenizerError(ModelFileError):
@@ -45,24 +48,25 @@ class TokenizerError(ModelFileError):
 
 
 class ChatTemplateError(ValueError):
-    """A chat template that does not compile, fails while rendering, rejects the conversation, or exceeds its time
-    or size budget; the message names the template (its file, or ``<string>``)."""
+    """A chat template that does not compile, fails while rendering, rejects the conversation, or
+    exceeds its time or size budget; the message names the template (its file, or ``<string>``)."""
 
 
 class RenderBudgetError(ChatTemplateError):
-    """A chat template's render exceeded one of its limits (``chat_limits``: time, size, range, call depth); the
-    message names the limit."""
+    """A chat template's render exceeded one of its limits (``chat_limits``: time, size, range, call
+    depth); the message names the limit."""
 
 
 class GenerationCancelled(RuntimeError):
-    """The request was cancelled (``cancel()`` returned True, ``RequestHandle.cancel``, or a shutdown that cancels
-    pending work); its KV was released."""
+    """The request was cancelled (``cancel()`` returned True, ``RequestHandle.cancel``, or a
+    shutdown that cancels pending work); its KV was released."""
 
 
 class RequestTypeError(TypeError, ValueError):
-    """A request field of the wrong type. Also a ValueError, so callers that catch ValueError for bad input catch
-    every invalid request."""
+    """A request field of the wrong type. Also a ValueError, so callers that catch ValueError for
+    bad input catch every invalid request."""
 
 
 class EngineShutdownError(RuntimeError):
-    """The engine or model was shut down before the request completed, or a request came after shutdown."""
+    """The engine or model was shut down before the request completed, or a request
+    came after shutdown."""

@@ -1,10 +1,12 @@
-"""LanguageModel: a checkpoint, its tokenizer, a KV pool and an attention backend, and ``generate()``.
+"""LanguageModel: a checkpoint, its tokenizer, a KV pool and an attention backend, and
+``generate()``.
 
-One request path (docs/serving.md): ``generate`` and ``generate_batch`` turn their arguments into validated
-requests (``ServingContext.request``) and hand them to the model's own ``ServingLoop``, created on first use and shut down by
-``close()``. Its scheduler binds (radix match, lock, private pages), prefills, steps (speculative rounds where the
-model drafts), finishes (the written KV goes into the prefix tree) and releases every request, whichever thread
-called. Concurrent calls are batched together; a caller waiting alone drives the steps on its own thread.
+One request path (docs/serving.md): ``generate`` and ``generate_batch`` turn their arguments into
+validated requests (``ServingContext.request``) and hand them to the model's own ``ServingLoop``,
+created on first use and shut down by ``close()``. Its scheduler binds (radix match, lock, private
+pages), prefills, steps (speculative rounds where the model drafts), finishes (the written KV goes
+into the prefix tree) and releases every request, whichever thread called. Concurrent calls are
+batched together; a caller waiting alone drives the steps on its own thread.
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ from .speculative.draft_chain import DraftChain
 from .speculative.draft_policy import DraftPolicy
 from .speculative.drafters import Drafter, build_drafter
 from .errors import GenerationCancelled, RequestTypeError
-from .serving.request import SAMPLING_FIELDS, Request, RequestHandle, SamplingParams, check_keywords, check_prompt
+from .serving.request import (
+    SAMPLING_FIELDS,
+    Request,
+    RequestHandle,
+    SamplingParams,
+    check_keywords,
+    check_prompt,
+)
 from .serving.sample_group import SampleGroup
 from .serving import streaming
 from .serving.completion import Completion
@@ -57,72 +66,85 @@ __all__ = ["Completion", "GenerationCancelled", "LanguageModel"]
 class LanguageModel:
     """A causal LM served from a static paged KV pool with prefix reuse."""
 
-    def __init__(self, config: ModelConfig, transformer: Transformer, tokenizer: Tokenizer, pool: KvCachePool,
-                 backend: AttentionBackend, max_seq_len: int | None = None, *, cuda_graphs: bool = True,
-                 draft_kv: str = "history", drafter: str | Drafter | None = "mtp") -> None:
+    def __init__(self, config: ModelConfig, transformer: Transformer, tokenizer: Tokenizer,
+                 pool: KvCachePool, backend: AttentionBackend, max_seq_len: int | None = None, *,
+                 cuda_graphs: bool = True, draft_kv: str = "history",
+                 drafter: str | Drafter | None = "mtp") -> None:
         self.config, self.transformer, self.tokenizer = config, transformer, tokenizer
         self.pool, self.backend = pool, backend
-        self.max_seq_len = max_seq_len or pool.num_slots  # longest prompt + completion of one request
+        # longest prompt + completion of one request
+        self.max_seq_len = max_seq_len or pool.num_slots
         built = build_drafter(drafter, transformer, pool, backend, self.max_seq_len, draft_kv,
                               load_model=type(self).from_pretrained)
         self.runner = ModelRunner(transformer, pool, backend, built)
         if cuda_graphs and pool.device.type == "cuda":
-            from .serving.cuda_graphs import DecodeGraphRunner, VerifyGraphRunner, cuda_graphs_supported
+            from .serving.cuda_graphs import (
+                DecodeGraphRunner,
+                VerifyGraphRunner,
+                cuda_graphs_supported,
+            )
 
             if cuda_graphs_supported(pool):
                 self.runner.decode_graphs = DecodeGraphRunner(transformer, pool)
                 self.runner.verify_graphs = VerifyGraphRunner(transformer, pool)
         self.tp = TensorParallel(0, 1)  # this process's rank (tensor_parallel in from_pretrained)
-        self.chat_template: ChatTemplate | None = None  # the checkpoint's (from_pretrained), for chat / encode_chat
+        # the checkpoint's (from_pretrained), for chat / encode_chat
+        self.chat_template: ChatTemplate | None = None
         self.folder: Path | None = None  # the checkpoint folder (from_pretrained)
         self._server: ServingLoop | None = None
         self._server_lock = threading.Lock()
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                        mem_fraction: float | None = None, page_size: int = 16, *, max_batch_size: int = 4,
+    def from_pretrained(cls, path: str | Path, device: str | torch.device = "cpu",
+                        dtype: torch.dtype | None = None, mem_fraction: float | None = None,
+                        page_size: int = 16, *, max_batch_size: int = 4,
                         max_seq_len: int | None = None, cuda_graphs: bool = True,
                         draft_kv: str = "history", speculative_max_batch: int | None = None,
                         drafter: str | Drafter | None = "mtp", state_snapshots: int | None = None,
                         tensor_parallel: int = 1, lockstep_check: bool | None = None,
                         kv_dtype: str | torch.dtype | None = None,
                         kv_scales: tuple[float, float] | None = None) -> LanguageModel:
-        """Load ``config.json``, ``*.safetensors`` (sharded too) and the tokenizer from ``path``; size a KV pool
-        for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's context, at most 4096).
-        Nothing in ``path`` is trusted: every config field, the shard index and every safetensors header are checked,
-        and the tensors' names and shapes compared with the config, before anything is allocated
-        (``checkpoint_checks``); ConfigError, CheckpointError or TokenizerError (ValueErrors of ``errors``) name the
-        file and the field or tensor otherwise.
-        ``cuda_graphs``: replay decode and verify forwards from CUDA graphs on CUDA with FlashInfer (no effect
-        elsewhere; ``SMILE_CUDA_GRAPHS=0`` also turns them off). ``draft_kv`` (MTP models): "history" keeps each
-        request's draft KV over its whole context (the default), "per_round" drafts context-free each round.
-        ``drafter``: "mtp" (the MTP head, when the checkpoint has one), "ngram" (prompt lookup, any model),
-        "draft:PATH" (a smaller checkpoint of the same vocabulary), a name given to ``register_drafter``, a
+        """Load ``config.json``, ``*.safetensors`` (sharded too) and the tokenizer from ``path``;
+        size a KV pool for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's
+        context, at most 4096). Nothing in ``path`` is trusted: every config field, the shard index
+        and every safetensors header are checked, and the tensors' names and shapes compared with
+        the config, before anything is allocated (``checkpoint_checks``); ConfigError,
+        CheckpointError or TokenizerError (ValueErrors of ``errors``) name the file and the field or
+        tensor otherwise. ``cuda_graphs``: replay decode and verify forwards from CUDA graphs on
+        CUDA with FlashInfer (no effect elsewhere; ``SMILE_CUDA_GRAPHS=0`` also turns them off).
+        ``draft_kv`` (MTP models): "history" keeps each request's draft KV over its whole context
+        (the default), "per_round" drafts context-free each round. ``drafter``: "mtp" (the MTP head,
+        when the checkpoint has one), "ngram" (prompt lookup, any model), "draft:PATH" (a smaller
+        checkpoint of the same vocabulary), a name given to ``register_drafter``, a
         "package.module:callable" factory, None or "none" (plain decoding), or your own
-        ``smile_llm.speculative.drafters.Drafter`` (docs/speculative.md).
-        ``speculative_max_batch``: see the property of that name. ``state_snapshots`` (hybrid models): prefix
-        snapshots of the DeltaNet state kept for the prefix tree (default ``2 * max_batch_size``; each costs one
-        request's state, ``StatePool.bytes_per_request``); a prefix hit needs one at the prefix's end, so 0 turns
-        prefix reuse off for the model.
+        ``smile_llm.speculative.drafters.Drafter`` (docs/speculative.md). ``speculative_max_batch``:
+        see the property of that name. ``state_snapshots`` (hybrid models): prefix snapshots of the
+        DeltaNet state kept for the prefix tree (default ``2 * max_batch_size``; each costs one
+        request's state, ``StatePool.bytes_per_request``); a prefix hit needs one at the prefix's
+        end, so 0 turns prefix reuse off for the model.
 
-        ``tensor_parallel=N`` (under ``torchrun --nproc-per-node N``, one process per rank; docs/tensor_parallel.md):
-        every rank loads only its slices of the weights and keeps its own KV heads' pool; rank 0 returns a model
-        that serves exactly as on one device, the other ranks a model whose ``follow()`` replays rank 0's plan until
-        rank 0 closes. ValueError at load, with the reason, when N does not split the heads or the MLP or differs
-        from the number of processes. ``lockstep_check`` (default: ``SMILE_TP_CHECK=1``) compares every rank's pool
+        ``tensor_parallel=N`` (under ``torchrun --nproc-per-node N``, one process per rank;
+        docs/tensor_parallel.md): every rank loads only its slices of the weights and keeps its own
+        KV heads' pool; rank 0 returns a model that serves exactly as on one device, the other ranks
+        a model whose ``follow()`` replays rank 0's plan until rank 0 closes. ValueError at load,
+        with the reason, when N does not split the heads or the MLP or differs from the number of
+        processes. ``lockstep_check`` (default: ``SMILE_TP_CHECK=1``) compares every rank's pool
         digest with rank 0's before each forward.
 
-        ``kv_dtype``: the KV pools' storage, ``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"bfloat16"``, ``"float16"``,
-        ``"float32"`` or a torch dtype (default: the model's ``dtype``); FP8 stores ``K / k_scale`` and ``V / v_scale``
-        (``kv_scales``, default 1.0 each) and reads them back in the compute dtype (quality cost measured in
-        ``benchmarks/kv_dtype.py``). ValueError for another name, or scales without FP8."""
+        ``kv_dtype``: the KV pools' storage, ``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"bfloat16"``,
+        ``"float16"``, ``"float32"`` or a torch dtype (default: the model's ``dtype``); FP8 stores
+        ``K / k_scale`` and ``V / v_scale`` (``kv_scales``, default 1.0 each) and reads them back in
+        the compute dtype (quality cost measured in ``benchmarks/kv_dtype.py``). ValueError for
+        another name, or scales without FP8."""
         folder = Path(path)
         config = ModelConfig.from_pretrained(folder)
-        # every header checked and every tensor's name and shape against the config, before anything is allocated
+        # every header checked and every tensor's name and shape against the config, before anything
+        # is allocated
         check_checkpoint(config, folder)
         device = torch.device(device)
-        if isinstance(tensor_parallel, int) and not isinstance(tensor_parallel, bool) and tensor_parallel > 1:
+        if (isinstance(tensor_parallel, int) and not isinstance(tensor_parallel, bool)
+                and tensor_parallel > 1):
             check_shardable(config, tensor_parallel)  # before joining any process group
         tp = init_tensor_parallel(tensor_parallel, device)
         local = local_config(config, tp)
@@ -131,7 +153,8 @@ class LanguageModel:
         for note in config.notes:
             warnings.warn(note, stacklevel=2)
         transformer = Transformer(local, tp, vocab_size=config.vocab_size)
-        raw = read_checkpoint(folder) if tp.size == 1 else read_sharded_checkpoint(folder, config, tp)
+        raw = (read_checkpoint(folder) if tp.size == 1
+               else read_sharded_checkpoint(folder, config, tp))
         tensors = to_module_names(raw, config)  # a multimodal checkpoint: its text model's
         load_into(transformer, tensors, dtype,
                   tied=("lm_head.weight",) if config.tie_word_embeddings else ())
@@ -140,31 +163,39 @@ class LanguageModel:
         chat_template = ChatTemplate.from_folder(folder)
         seq = max_seq_len or min(config.max_position_embeddings, 4096)
         kv_layers = sum(1 for t in config.layer_types if t == FULL_ATTENTION)
-        layout = KvCacheLayout(kv_layers, local.num_key_value_heads, config.head_dim, max_batch_size, seq)
-        # Smile's order: the DeltaNet state pool first, so the KV pool is sized from the memory left after it
+        layout = KvCacheLayout(kv_layers, local.num_key_value_heads, config.head_dim,
+                               max_batch_size, seq)
+        # Smile's order: the DeltaNet state pool first, so the KV pool is sized from the memory left
+        # after it
         snapshots = 2 * max_batch_size if state_snapshots is None else state_snapshots
-        states = StatePool(state_specs(local, dtype), max_batch_size, device, snapshots) if hybrid else None
+        states = (StatePool(state_specs(local, dtype), max_batch_size, device, snapshots) if hybrid
+                  else None)
         storage = kv_storage_dtype(kv_dtype, dtype)
         if kv_scales is not None and storage not in (torch.float8_e4m3fn, torch.float8_e5m2):
             raise ValueError(f"kv_scales apply to FP8 KV only; kv_dtype is {storage}")
         pool = KvCachePool.allocate(layout, device, storage, mem_fraction or 0.85, page_size)
         if kv_scales is not None:
             pool.set_kv_scales(*kv_scales)
-        if tp.size > 1:  # every rank's pool the same size (sized from each device's free memory on CUDA)
+        # every rank's pool the same size (sized from each device's free memory on CUDA)
+        if tp.size > 1:
             slots = min(tp.all_gather_object(pool.num_slots))
             if slots != pool.num_slots:
                 pool.close()
-                pool = KvCachePool(layout.num_layers, slots, layout.num_kv_heads, layout.head_dim, page_size, device,
-                                   storage)
+                pool = KvCachePool(layout.num_layers, slots, layout.num_kv_heads, layout.head_dim,
+                                   page_size, device, storage)
                 if kv_scales is not None:
                     pool.set_kv_scales(*kv_scales)
         if states is not None:
-            pool.attach_state(states)  # a prefix hit then ends at a node with a state snapshot, restored on bind
-        # per model: the reference (one warning naming the reason) where FlashInfer's kernels cannot serve it
-        backend = select_backend(device, shape=AttentionShape(config.head_dim, local.num_attention_heads,
-                                                              local.num_key_value_heads, dtype, storage))
+            # a prefix hit then ends at a node with a state snapshot, restored on bind
+            pool.attach_state(states)
+        # per model: the reference (one warning naming the reason) where FlashInfer's kernels cannot
+        # serve it
+        backend = select_backend(device,
+                                 shape=AttentionShape(config.head_dim, local.num_attention_heads,
+                                                      local.num_key_value_heads, dtype, storage))
         lm = cls(config, transformer, tokenizer, pool, backend, seq,
-                 cuda_graphs=cuda_graphs and not hybrid and tp.size == 1 and backend.name == "flashinfer",
+                 cuda_graphs=cuda_graphs and not hybrid and tp.size == 1 and
+                             backend.name == "flashinfer",
                  draft_kv=draft_kv, drafter=drafter)
         lm.speculative_max_batch = speculative_max_batch
         lm.chat_template, lm.folder = chat_template, folder
@@ -175,7 +206,8 @@ class LanguageModel:
 
     # ------------------------------------------------------------------ tensor parallelism
     def _tp_pools(self) -> dict[str, KvCachePool]:
-        """The pools every rank keeps in lockstep: the main pool and the drafter's, if it has one."""
+        """The pools every rank keeps in lockstep: the main pool and the drafter's, if it has
+        one."""
         pools = {"main": self.pool}
         draft_pool = getattr(self.drafter, "pool", None)
         if isinstance(draft_pool, KvCachePool) and draft_pool is not self.pool:
@@ -183,15 +215,17 @@ class LanguageModel:
         return pools
 
     def _lockstep(self, tp: TensorParallel, check: bool) -> None:
-        """Every rank: the same pools (ValueError naming the difference otherwise), every rank loaded (a barrier),
-        then rank 0 leads."""
+        """Every rank: the same pools (ValueError naming the difference otherwise), every rank
+        loaded (a barrier), then rank 0 leads."""
         self.tp = tp
-        shape = {key: (p.num_slots, p.page_size, p.num_layers, tuple(s.snapshot_capacity for s in p.state_pools))
+        shape = {key: (p.num_slots, p.page_size, p.num_layers,
+                       tuple(s.snapshot_capacity for s in p.state_pools))
                  for key, p in self._tp_pools().items()}
         everyone = tp.all_gather_object(shape)
         if any(other != shape for other in everyone):
-            raise ValueError(f"the ranks' pools differ (slots, page size, layers, snapshots per pool): {everyone}; "
-                             f"give every rank the same free memory or a smaller mem_fraction")
+            raise ValueError("the ranks' pools differ (slots, page size, layers, snapshots per "
+                             f"pool): {everyone}; give every rank the same free memory or a "
+                             "smaller mem_fraction")
         if tp.is_leader:
             self.transformer.leader = Leader(tp, self._tp_pools(), check)
 
@@ -202,23 +236,25 @@ class LanguageModel:
 
     @property
     def serving_context(self) -> ServingContext:
-        """What the serving layer needs of this model (``ServingContext``): the runner, tokenizer, vocabulary,
-        stop ids, longest request and whether rounds may be token trees."""
-        return ServingContext(self.runner, self.tokenizer, self.config.vocab_size, tuple(self.config.eos_token_ids),
-                              self.max_seq_len, self.tree_rounds)
+        """What the serving layer needs of this model (``ServingContext``): the runner, tokenizer,
+        vocabulary, stop ids, longest request and whether rounds may be token trees."""
+        return ServingContext(self.runner, self.tokenizer, self.config.vocab_size,
+                              tuple(self.config.eos_token_ids), self.max_seq_len, self.tree_rounds)
 
-    def request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, listener: Listener = None,
-                cancel: Callable[[], bool] | None = None, on_round: Callable[[RoundRecord], None] | None = None) -> Request:
-        """Validate one request without queuing it (``ServingContext.request``: ValueError/TypeError naming the
-        field, nothing bound); ``server.submit`` queues it."""
-        return self.serving_context.request(prompt, params, listener=listener, cancel=cancel, on_round=on_round)
+    def request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+                listener: Listener = None, cancel: Callable[[], bool] | None = None,
+                on_round: Callable[[RoundRecord], None] | None = None) -> Request:
+        """Validate one request without queuing it (``ServingContext.request``: ValueError/TypeError
+        naming the field, nothing bound); ``server.submit`` queues it."""
+        return self.serving_context.request(prompt, params, listener=listener, cancel=cancel,
+                                            on_round=on_round)
 
     @property
     def tree_rounds(self) -> bool:
-        """Whether speculative rounds may be token trees: the drafter proposes them (``propose_tree``) and the
-        model verifies them (a dense model on one rank)."""
-        return callable(getattr(self.drafter, "propose_tree", None)) and not self.pool.state_pools and \
-            self.tp.size == 1
+        """Whether speculative rounds may be token trees: the drafter proposes them
+        (``propose_tree``) and the model verifies them (a dense model on one rank)."""
+        return callable(getattr(self.drafter, "propose_tree", None)) and \
+            not self.pool.state_pools and self.tp.size == 1
 
     @property
     def is_follower(self) -> bool:
@@ -226,14 +262,17 @@ class LanguageModel:
         return self.tp.size > 1 and not self.tp.is_leader
 
     def follow(self) -> int:
-        """A rank > 0's serving loop: replay rank 0's plans (its pools' calls, then each forward, joining rank 0's
-        collectives) until rank 0 closes its model, then close this rank's pools; returns the plans replayed.
-        RuntimeError on rank 0 or without tensor parallelism; LockstepError when this rank's pools diverge; a
-        collective error when rank 0 dies or hangs past the group's timeout (the pools are closed either way)."""
+        """A rank > 0's serving loop: replay rank 0's plans (its pools' calls, then each forward,
+        joining rank 0's collectives) until rank 0 closes its model, then close this rank's pools;
+        returns the plans replayed. RuntimeError on rank 0 or without tensor parallelism;
+        LockstepError when this rank's pools diverge; a collective error when rank 0 dies or hangs
+        past the group's timeout (the pools are closed either way)."""
         if not self.is_follower:
-            raise RuntimeError("follow() runs on ranks > 0 of a tensor-parallel model; rank 0 generates")
+            raise RuntimeError("follow() runs on ranks > 0 of a tensor-parallel model; rank 0 "
+                               "generates")
         transformer, backend = self.transformer, self.backend
-        chain_backends: list[AttentionBackend] = []  # the draft chains' own (DraftChain), made at the first chain
+        # the draft chains' own (DraftChain), made at the first chain
+        chain_backends: list[AttentionBackend] = []
 
         def begin_chain(pool: KvCachePool, start: np.ndarray, steps: int) -> DraftChain:
             if not chain_backends:
@@ -250,55 +289,61 @@ class LanguageModel:
 
     @property
     def draft_policy(self) -> DraftPolicy:
-        """The policy that chooses each round's drafts for requests with ``speculative_tokens="auto"``
-        (``draft_policy`` module; default ``ThroughputPolicy``, maximising expected tokens per second)."""
+        """The policy that chooses each round's drafts for requests with
+        ``speculative_tokens="auto"`` (``draft_policy`` module; default ``ThroughputPolicy``,
+        maximising expected tokens per second)."""
         return self.runner.draft_policy
 
     @draft_policy.setter
     def draft_policy(self, policy: DraftPolicy) -> None:
         if not isinstance(policy, DraftPolicy):
-            raise ValueError(f"draft_policy must have choose, observe_round and observe_plain (DraftPolicy), got "
-                             f"{policy!r}")
+            raise ValueError("draft_policy must have choose, observe_round and observe_plain "
+                             f"(DraftPolicy), got {policy!r}")
         self.runner.draft_policy = policy
 
     @property
     def speculative_max_batch(self) -> int | None:
-        """The most rows a decoding step may hold and still speculate (None, the default: no limit). A step with
-        more rows decodes plainly, in ``generate_batch`` and in the engine alike (vLLM's
-        ``speculative_disable_by_batch_size``): a large batch already amortises each forward, and its verify
-        windows multiply the attention work. Rows keep their draft history, so they speculate again once the
-        batch shrinks. ValueError unless None or an int >= 0."""
+        """The most rows a decoding step may hold and still speculate (None, the default: no limit).
+        A step with more rows decodes plainly, in ``generate_batch`` and in the engine alike (vLLM's
+        ``speculative_disable_by_batch_size``): a large batch already amortises each forward, and
+        its verify windows multiply the attention work. Rows keep their draft history, so they
+        speculate again once the batch shrinks. ValueError unless None or an int >= 0."""
         return self.runner.speculative_max_batch
 
     @speculative_max_batch.setter
     def speculative_max_batch(self, value: int | None) -> None:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or
+                                  value < 0):
             raise ValueError(f"speculative_max_batch must be None or an int >= 0, got {value!r}")
         self.runner.speculative_max_batch = value
 
     @classmethod
     def default(cls, kind: str = "dense", **kwargs: Any) -> LanguageModel:
-        """A small byte-level model shipped in the package (see each folder's README.md): ``kind="dense"`` the
-        Qwen3-architecture model, ``kind="hybrid"`` the hybrid Qwen3.5 one (Gated DeltaNet + gated attention);
-        both have an MTP head. ``kwargs`` go to ``from_pretrained``. ValueError for another kind."""
+        """A small byte-level model shipped in the package (see each folder's README.md):
+        ``kind="dense"`` the Qwen3-architecture model, ``kind="hybrid"`` the hybrid Qwen3.5 one
+        (Gated DeltaNet + gated attention); both have an MTP head. ``kwargs`` go to
+        ``from_pretrained``. ValueError for another kind."""
         if kind not in DEFAULT_MODEL_DIRS:
             raise ValueError(f"kind must be one of {sorted(DEFAULT_MODEL_DIRS)}, got {kind!r}")
         return cls.from_pretrained(DEFAULT_MODEL_DIRS[kind], **kwargs)
 
     # ------------------------------------------------------------------ input checks
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
-        """Token ids of ``prompt`` (text through the tokenizer, or ids checked against the vocabulary like
-        ``decode``). ValueError for an empty prompt or an id outside the vocabulary."""
+        """Token ids of ``prompt`` (text through the tokenizer, or ids checked against the
+        vocabulary like ``decode``). ValueError for an empty prompt or an id outside the
+        vocabulary."""
         return self.serving_context.encode(prompt)
 
     def decode(self, tokens: Sequence[int]) -> str:
-        """Text of token ids (special tokens dropped). ValueError naming the first id outside the vocabulary."""
+        """Text of token ids (special tokens dropped). ValueError naming the first id outside the
+        vocabulary."""
         return self.tokenizer.decode(self.serving_context.token_ids(tokens, "tokens"))
 
     # ------------------------------------------------------------------ generation
     @property
     def server(self) -> ServingLoop:
-        """The model's serving loop (created on first use): the one scheduler of every request of this model."""
+        """The model's serving loop (created on first use): the one scheduler of every request of
+        this model."""
         server = self._server
         if server is None:
             with self._server_lock:
@@ -309,13 +354,15 @@ class LanguageModel:
                 server = self._server
         return server
 
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *, listener: Listener = None,
-               cancel: Callable[[], bool] | None = None, on_round: Callable[[RoundRecord], None] | None = None
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
+               listener: Listener = None, cancel: Callable[[], bool] | None = None,
+               on_round: Callable[[RoundRecord], None] | None = None
                ) -> RequestHandle | SampleGroup:
-        """Validate one request (``request``: ValueError/TypeError naming the field, nothing bound) and queue it
-        on the model's server; returns its handle at once: a ``RequestHandle``, or for ``params.n > 1`` a
-        ``SampleGroup`` whose ``result()`` is the list of the n samples. ``result()`` waits, advancing the model
-        itself when no other thread does. Safe from any thread."""
+        """Validate one request (``request``: ValueError/TypeError naming the field, nothing bound)
+        and queue it on the model's server; returns its handle at once: a ``RequestHandle``, or for
+        ``params.n > 1`` a ``SampleGroup`` whose ``result()`` is the list of the n samples.
+        ``result()`` waits, advancing the model itself when no other thread does. Safe from any
+        thread."""
         return self.server.submit(self.request(prompt, params, listener=listener, cancel=cancel,
                                                  on_round=on_round))
 
@@ -327,52 +374,62 @@ class LanguageModel:
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, n: int,
                  **kwargs: Any) -> list[Completion]: ...
 
-    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, temperature: float = 0.0,
-                 top_p: float = 1.0, logprobs: bool | int = False, seed: int = 0, listener: Listener = None,
-                 cancel: Callable[[], bool] | None = None, stop: Any = None,
-                 speculative_tokens: int | None = None, draft_sampling: str = "greedy",
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *,
+                 temperature: float = 0.0, top_p: float = 1.0, logprobs: bool | int = False,
+                 seed: int = 0, listener: Listener = None, cancel: Callable[[], bool] | None = None,
+                 stop: Any = None, speculative_tokens: int | None = None,
+                 draft_sampling: str = "greedy",
                  on_round: Callable[[RoundRecord], None] | None = None, n: int = 1,
                  **options: Any) -> Completion | list[Completion]:
-        """Generate up to ``max_new_tokens`` tokens after ``prompt`` (ids or text). Greedy at temperature 0, else
-        nucleus sampling; a nonzero ``seed`` makes the output reproducible. Stops at an EOS or ``stop`` token or
-        string (finish_reason "stop") or after ``max_new_tokens`` or at ``max_seq_len`` ("length"). ``cancel`` is
-        polled before every forward (GenerationCancelled, KV released). ValueError/TypeError for bad input, naming
-        the field. Safe from any number of threads at once: concurrent calls are batched together, and each
-        returns what it would return alone (greedy).
+        """Generate up to ``max_new_tokens`` tokens after ``prompt`` (ids or text). Greedy at
+        temperature 0, else nucleus sampling; a nonzero ``seed`` makes the output reproducible.
+        Stops at an EOS or ``stop`` token or string (finish_reason "stop") or after
+        ``max_new_tokens`` or at ``max_seq_len`` ("length"). ``cancel`` is polled before every
+        forward (GenerationCancelled, KV released). ValueError/TypeError for bad input, naming the
+        field. Safe from any number of threads at once: concurrent calls are batched together, and
+        each returns what it would return alone (greedy).
 
-        With a drafter (the MTP head, n-gram lookup or your own), decoding is speculative: ``speculative_tokens``
-        drafts per round (None: the drafter's default; 0: plain decoding), verified by one target forward;
-        ``on_round`` receives each round's ``RoundRecord``. ``draft_sampling="greedy"`` (default) drafts the head's
-        argmax and keeps a draft while the target samples the same token; ``"sample"`` samples MTP drafts and uses
-        rejection sampling. Either way the output has the target's distribution, and at temperature 0 it equals
-        plain greedy decoding token for token.
+        With a drafter (the MTP head, n-gram lookup or your own), decoding is speculative:
+        ``speculative_tokens`` drafts per round (None: the drafter's default; 0: plain decoding),
+        verified by one target forward; ``on_round`` receives each round's ``RoundRecord``.
+        ``draft_sampling="greedy"`` (default) drafts the head's argmax and keeps a draft while the
+        target samples the same token; ``"sample"`` samples MTP drafts and uses rejection sampling.
+        Either way the output has the target's distribution, and at temperature 0 it equals plain
+        greedy decoding token for token.
 
-        ``n > 1``: a list of ``n`` samples of the prompt (its KV computed once; see ``SampleGroup``), no
-        ``listener``. ``logprobs``: True for the chosen tokens' logprobs, an int k in [1, 20] for the k most
-        likely alternatives too (``Completion.top_logprobs``). ``options``: ``top_k``, ``min_p``,
-        ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias``, ``min_new_tokens``,
-        ``prompt_logprobs``, ``draft_tree`` (see ``SamplingParams``); speculation stays lossless with them.
+        ``n > 1``: a list of ``n`` samples of the prompt (its KV computed once; see
+        ``SampleGroup``), no ``listener``. ``logprobs``: True for the chosen tokens' logprobs, an
+        int k in [1, 20] for the k most likely alternatives too (``Completion.top_logprobs``).
+        ``options``: ``top_k``, ``min_p``, ``repetition_penalty``, ``presence_penalty``,
+        ``frequency_penalty``, ``logit_bias``, ``min_new_tokens``, ``prompt_logprobs``,
+        ``draft_tree`` (see ``SamplingParams``); speculation stays lossless with them.
 
-        ``prompt``: a str or a sequence of int token ids (RequestTypeError, naming ``prompt``, for bytes, a lone int
-        or a nested list). ``listener``: a ``GenerationListener``, or a plain callable (``print``, a lambda) that
-        receives each text chunk. A misspelled keyword raises RequestTypeError (a TypeError) suggesting the closest
-        name and listing every accepted one. A temperature below 1e-5 is greedy (``sampling.GREEDY_TEMPERATURE``)."""
-        params = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
-                                draft_sampling, n=n, **_option_fields(options, "generate()", GENERATE_KEYWORDS))
-        return self.submit(prompt, params, listener=listener, cancel=cancel, on_round=on_round).result()
+        ``prompt``: a str or a sequence of int token ids (RequestTypeError, naming ``prompt``, for
+        bytes, a lone int or a nested list). ``listener``: a ``GenerationListener``, or a plain
+        callable (``print``, a lambda) that receives each text chunk. A misspelled keyword raises
+        RequestTypeError (a TypeError) suggesting the closest name and listing every accepted one. A
+        temperature below 1e-5 is greedy (``sampling.GREEDY_TEMPERATURE``)."""
+        params = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop,
+                                speculative_tokens, draft_sampling, n=n,
+                                **_option_fields(options, "generate()", GENERATE_KEYWORDS))
+        return self.submit(prompt, params, listener=listener, cancel=cancel,
+                           on_round=on_round).result()
 
     def encode_chat(self, messages: Sequence[Any], add_generation_prompt: bool = True,
                     tools: Sequence[Any] | None = None, **template_vars: Any) -> list[int]:
-        """Token ids of a conversation rendered by the checkpoint's own chat template, exactly as transformers'
-        ``apply_chat_template(messages, add_generation_prompt=..., tools=..., tokenize=True, **template_vars)``
-        (e.g. ``enable_thinking=False``; see ``smile_llm.models.chat_template``). ValueError naming the message and field for a
-        malformed message, with the template's message when it rejects the conversation, or naming the files looked
-        for when the checkpoint has no template."""
+        """Token ids of a conversation rendered by the checkpoint's own chat template, exactly as
+        transformers' ``apply_chat_template(messages, add_generation_prompt=..., tools=...,
+        tokenize=True, **template_vars)`` (e.g. ``enable_thinking=False``; see
+        ``smile_llm.models.chat_template``). ValueError naming the message and field for a malformed
+        message, with the template's message when it rejects the conversation, or naming the files
+        looked for when the checkpoint has no template."""
         if self.chat_template is None:
             where = self.folder if self.folder is not None else "this model"
-            raise ValueError(f"{where} has no chat template: looked for {TEMPLATE_FILE} and 'chat_template' in "
-                             f"{CONFIG_FILE}; chat needs an instruct checkpoint's template")
-        return self.encode(self.chat_template.render(messages, add_generation_prompt, tools, **template_vars))
+            raise ValueError(f"{where} has no chat template: looked for {TEMPLATE_FILE} and "
+                             f"'chat_template' in {CONFIG_FILE}; chat needs an instruct "
+                             "checkpoint's template")
+        return self.encode(self.chat_template.render(messages, add_generation_prompt, tools,
+                                                     **template_vars))
 
     @overload
     def chat(self, messages: Sequence[Any], max_new_tokens: int = 256, *, n: Literal[1] = 1,
@@ -382,77 +439,87 @@ class LanguageModel:
     def chat(self, messages: Sequence[Any], max_new_tokens: int = 256, *, n: int, **kwargs: Any
              ) -> list[Completion]: ...
 
-    def chat(self, messages: Sequence[Any], max_new_tokens: int = 256, *, tools: Sequence[Any] | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None, n: int = 1,
-             **generate_kwargs: Any) -> Completion | list[Completion]:
+    def chat(self, messages: Sequence[Any], max_new_tokens: int = 256, *,
+             tools: Sequence[Any] | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+             n: int = 1, **generate_kwargs: Any) -> Completion | list[Completion]:
         """``generate`` on ``encode_chat(messages, add_generation_prompt=True, tools=tools,
-        **chat_template_kwargs)``: the assistant's next turn (a list of ``n`` candidate turns for ``n > 1``).
-        ``chat_template_kwargs``: a dict of template variables (RequestTypeError naming it otherwise).
-        ``generate_kwargs`` are ``generate``'s (sampling, listener, stop, speculative_tokens, ...). A conversation
-        that grows turn by turn reuses the earlier turns' KV through the prefix cache. Errors as ``encode_chat`` and
-        ``generate`` (a misspelled keyword is refused before the conversation is rendered)."""
+        **chat_template_kwargs)``: the assistant's next turn (a list of ``n`` candidate turns for
+        ``n > 1``). ``chat_template_kwargs``: a dict of template variables (RequestTypeError naming
+        it otherwise). ``generate_kwargs`` are ``generate``'s (sampling, listener, stop,
+        speculative_tokens, ...). A conversation that grows turn by turn reuses the earlier turns'
+        KV through the prefix cache. Errors as ``encode_chat`` and ``generate`` (a misspelled
+        keyword is refused before the conversation is rendered)."""
         check_keywords(generate_kwargs, CHAT_KEYWORDS, "chat()")
         template_vars = check_template_kwargs(chat_template_kwargs)
         if "tools" in template_vars:  # given among the template's variables, as transformers allows
             if tools is not None:
-                raise ValueError("tools given twice: as chat(tools=...) and in chat_template_kwargs; give it once")
+                raise ValueError("tools given twice: as chat(tools=...) and in "
+                                 "chat_template_kwargs; give it once")
             tools = template_vars.pop("tools")
         ids = self.encode_chat(messages, True, tools, **template_vars)
         return self.generate(ids, max_new_tokens, n=n, **generate_kwargs)
 
     def stream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, **generate_kwargs: Any
                ) -> TokenStream:
-        """``generate`` as an iterator of ``StreamChunk`` (new text and token ids) while the tokens are accepted; the
-        model advances on a background driver meanwhile (``streaming`` module). ``generate_kwargs`` as
-        ``generate``'s (not ``listener`` or ``on_round``); bad input raises at the call, before anything is queued;
-        the request's own error is raised by the iteration, and every stream ends in bounded time (after an
-        engine's shutdown too). ``close()`` (or leaving ``with lm.stream(...) as chunks:``) cancels the request and
-        releases its KV; so does leaving a loop over an iterator nothing else holds, dropping the iterator, or
-        interpreter exit. A ``break`` out of a loop over a held iterator leaves the request running until it
+        """``generate`` as an iterator of ``StreamChunk`` (new text and token ids) while the tokens
+        are accepted; the model advances on a background driver meanwhile (``streaming`` module).
+        ``generate_kwargs`` as ``generate``'s (not ``listener`` or ``on_round``); bad input raises
+        at the call, before anything is queued; the request's own error is raised by the iteration,
+        and every stream ends in bounded time (after an engine's shutdown too). ``close()`` (or
+        leaving ``with lm.stream(...) as chunks:``) cancels the request and releases its KV; so does
+        leaving a loop over an iterator nothing else holds, dropping the iterator, or interpreter
+        exit. A ``break`` out of a loop over a held iterator leaves the request running until it
         finishes or the iterator is closed or dropped."""
         submit = self._stream_submit(prompt, max_new_tokens, generate_kwargs)
         return streaming.stream(submit, self.server.serve_until_idle)
 
     def astream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, **generate_kwargs: Any
                 ) -> AsyncIterator[StreamChunk]:
-        """``stream`` for asyncio (``async for chunk in lm.astream(...)``); cancelling the task or leaving the loop
-        cancels the request."""
+        """``stream`` for asyncio (``async for chunk in lm.astream(...)``); cancelling the task or
+        leaving the loop cancels the request."""
         submit = self._stream_submit(prompt, max_new_tokens, generate_kwargs)
         return streaming.astream(submit, self.server.serve_until_idle)
 
     def _stream_submit(self, prompt: str | Sequence[int], max_new_tokens: int,
                        kwargs: dict[str, Any]) -> Callable[[Any], RequestHandle]:
-        """Validate now (a bad field raises here, nothing queued) and return how to queue that one request with the
-        stream's listener."""
+        """Validate now (a bad field raises here, nothing queued) and return how to queue that one
+        request with the stream's listener."""
         check_keywords(kwargs, STREAM_KEYWORDS, "stream()")
         fields = dict(kwargs)
         cancel = fields.pop("cancel", None)
         request = self.request(prompt, SamplingParams(max_new_tokens, **fields), cancel=cancel)
         if request.params.n != 1:
-            raise ValueError(f"n must be 1 to stream (got {request.params.n}): stream one sample at a time")
-        return lambda listener: cast(RequestHandle, self.server.submit(replace(request, listener=listener)))
+            raise ValueError(f"n must be 1 to stream (got {request.params.n}): stream one sample "
+                             "at a time")
+        return lambda listener: cast(RequestHandle,
+                                     self.server.submit(replace(request, listener=listener)))
 
     def generate_batch(self, prompts: Iterable[str | Sequence[int]], max_new_tokens: int = 256, *,
-                       temperature: float = 0.0, top_p: float = 1.0, logprobs: bool | int = False, seed: int = 0,
-                       stop: Any = None, speculative_tokens: int | None = None,
-                       draft_sampling: str = "greedy", n: int = 1, **options: Any) -> list[Completion]:
-        """Generate for several prompts as one batch on the model's scheduler (prefix reuse included: prompts
-        sharing an uncached prefix compute it once; short prompt remainders are prefilled together). Row i samples
-        with seed ``seed + i`` (when seed is nonzero). Greedy results equal ``generate`` on each prompt. ``n > 1``:
-        ``n`` samples per prompt, prompt after prompt (``len(prompts) * n`` Completions, as HF's
-        ``num_return_sequences``). Every prompt is validated before any is queued; if one request fails, the
-        others are cancelled and its error is raised. ``prompts`` is a list (or other iterable) of prompts, each a
-        str or a sequence of token ids; RequestTypeError for a lone str or bytes (not one prompt per character) or
-        a prompt of another kind (naming ``prompts[i]``)."""
+                       temperature: float = 0.0, top_p: float = 1.0, logprobs: bool | int = False,
+                       seed: int = 0, stop: Any = None, speculative_tokens: int | None = None,
+                       draft_sampling: str = "greedy", n: int = 1,
+                       **options: Any) -> list[Completion]:
+        """Generate for several prompts as one batch on the model's scheduler (prefix reuse
+        included: prompts sharing an uncached prefix compute it once; short prompt remainders are
+        prefilled together). Row i samples with seed ``seed + i`` (when seed is nonzero). Greedy
+        results equal ``generate`` on each prompt. ``n > 1``: ``n`` samples per prompt, prompt after
+        prompt (``len(prompts) * n`` Completions, as HF's ``num_return_sequences``). Every prompt is
+        validated before any is queued; if one request fails, the others are cancelled and its error
+        is raised. ``prompts`` is a list (or other iterable) of prompts, each a str or a sequence of
+        token ids; RequestTypeError for a lone str or bytes (not one prompt per character) or a
+        prompt of another kind (naming ``prompts[i]``)."""
         if isinstance(prompts, (str, bytes, bytearray)) or not isinstance(prompts, Iterable):
-            raise RequestTypeError(f"prompts must be a list of prompts (each a str or a sequence of int token ids), "
-                                   f"got {type(prompts).__name__}: for one prompt give [prompt] or call generate()")
-        base = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop, speculative_tokens,
-                              draft_sampling, n=n, **_option_fields(options, "generate_batch()", BATCH_KEYWORDS))
+            raise RequestTypeError("prompts must be a list of prompts (each a str or a sequence of "
+                                   f"int token ids), got {type(prompts).__name__}: for one prompt "
+                                   "give [prompt] or call generate()")
+        base = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop,
+                              speculative_tokens, draft_sampling, n=n,
+                              **_option_fields(options, "generate_batch()", BATCH_KEYWORDS))
         requests = []
         for i, p in enumerate(prompts):
             check_prompt(p, f"prompts[{i}]")
-            row_seed = ((seed + i) % (1 << 64) or (1 << 62)) if seed else 0  # nonzero seeds stay nonzero per row
+            # nonzero seeds stay nonzero per row
+            row_seed = ((seed + i) % (1 << 64) or (1 << 62)) if seed else 0
             requests.append(self.request(p, replace(base, seed=row_seed)))
         handles = [self.server.submit(r) for r in requests]
         try:
@@ -466,9 +533,9 @@ class LanguageModel:
                 h.cancel()
 
     def close(self) -> None:
-        """Cancel every pending request (EngineShutdownError), stop the model's server and release its KV pools;
-        with tensor parallelism, stop the followers and destroy the process group the model created. Later generate
-        calls raise RuntimeError. Idempotent; safe from any thread."""
+        """Cancel every pending request (EngineShutdownError), stop the model's server and release
+        its KV pools; with tensor parallelism, stop the followers and destroy the process group the
+        model created. Later generate calls raise RuntimeError. Idempotent; safe from any thread."""
         with self._server_lock:
             server = self._server
         if server is not None:
@@ -481,7 +548,8 @@ class LanguageModel:
     def _close_pools(self) -> None:
         leader = self.transformer.leader
         try:
-            if leader is not None:  # rank 0 of a tensor-parallel model: the followers stop and close theirs
+            # rank 0 of a tensor-parallel model: the followers stop and close theirs
+            if leader is not None:
                 self.transformer.leader = None
                 leader.stop()
         finally:
@@ -493,8 +561,8 @@ class LanguageModel:
                 self.tp.leave()  # the process group init_tensor_parallel made, if it did
 
 
-OPTION_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias",
-                 "min_new_tokens", "prompt_logprobs", "draft_tree")
+OPTION_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                 "logit_bias", "min_new_tokens", "prompt_logprobs", "draft_tree")
 # every keyword each call accepts, as its errors list them
 BATCH_KEYWORDS = SAMPLING_FIELDS
 STREAM_KEYWORDS = SAMPLING_FIELDS + ("cancel",)
@@ -503,20 +571,20 @@ CHAT_KEYWORDS = GENERATE_KEYWORDS + ("tools", "chat_template_kwargs")
 
 
 def _option_fields(given: dict[str, Any], call: str, accepted: tuple[str, ...]) -> dict[str, Any]:
-    """``given`` (the keywords ``call`` did not name in its signature) if it holds only ``SamplingParams``' option
-    fields; RequestTypeError (a TypeError) for another name, suggesting the closest of ``accepted`` and listing
-    them all."""
+    """``given`` (the keywords ``call`` did not name in its signature) if it holds only
+    ``SamplingParams``' option fields; RequestTypeError (a TypeError) for another name, suggesting
+    the closest of ``accepted`` and listing them all."""
     check_keywords([k for k in given if k not in OPTION_FIELDS], accepted, call)
     return given
 
 
-KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2, "bfloat16": torch.bfloat16,
-             "float16": torch.float16, "float32": torch.float32}
+KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
+             "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 def kv_storage_dtype(kv_dtype: str | torch.dtype | None, model_dtype: torch.dtype) -> torch.dtype:
-    """The KV storage dtype ``from_pretrained``'s ``kv_dtype`` names (None: the model's dtype). ValueError naming the
-    allowed names otherwise."""
+    """The KV storage dtype ``from_pretrained``'s ``kv_dtype`` names (None: the model's dtype).
+    ValueError naming the allowed names otherwise."""
     if kv_dtype is None:
         return model_dtype
     if isinstance(kv_dtype, torch.dtype):
@@ -524,4 +592,5 @@ def kv_storage_dtype(kv_dtype: str | torch.dtype | None, model_dtype: torch.dtyp
             return kv_dtype
     elif kv_dtype in KV_DTYPES:
         return KV_DTYPES[kv_dtype]
-    raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPES)} (or that torch dtype), got {kv_dtype!r}")
+    raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPES)} (or that torch dtype), got "
+                     f"{kv_dtype!r}")

@@ -1,6 +1,6 @@
 """The folder tree is the architecture (docs/architecture.md): every import of every module, typing-only and lazy
 ones included, points to its own layer or one below, and no modules import each other in a circle. Also: no module
-is longer than the house's limit, and nothing in the repository cites a document outside it."""
+is longer or wider than the house's limits, and nothing in the repository cites a document outside it."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("smile_llm.cli", "smile_llm.__main__"),
 ]
 MAX_LINES = 600  # a module longer than this holds more than one concept: compose it from parts
+MAX_WIDTH = 100  # characters per line of the package's source
 OUTSIDE_DOCUMENTS = ("API.md", "DESIGN.md", "serving_anchors.md", "smile_llm_behaviour.md", "jpype_bridge.md")
 
 
@@ -153,6 +154,12 @@ def test_no_module_is_longer_than_the_limit() -> None:
     long = {name: n for name, path in MODULES.items()
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def test_no_line_is_wider_than_the_limit() -> None:
+    wide = [f"{name}:{i}" for name, path in MODULES.items()
+            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if len(line) > MAX_WIDTH]
+    assert wide == []
 
 
 @pytest.mark.parametrize("document", OUTSIDE_DOCUMENTS)

@@ -25,8 +25,9 @@ class ModelAdapter(Protocol):
 @JImplements("smile.llm.engine.InferenceEngine", deferred=True)
 @bridged
 class InferenceEngineAdapter:
-    """A Python ``InferenceEngine`` (serving thread, batch size, prefill budget) attached to the model of
-    ``model_adapter``. Requests go through the same path as ``LanguageModel.submit`` from Java."""
+    """A Python ``InferenceEngine`` (serving thread, batch size, prefill budget) attached to the
+    model of ``model_adapter``. Requests go through the same path as ``LanguageModel.submit`` from
+    Java."""
 
     def __init__(self, model_adapter: ModelAdapter, engine: InferenceEngine) -> None:
         self._model_adapter = model_adapter
@@ -35,9 +36,10 @@ class InferenceEngineAdapter:
     @classmethod
     def attach(cls, model_adapter: ModelAdapter, max_in_flight: Any,
                prefill_token_budget: Any = None) -> InferenceEngineAdapter:
-        """A new engine on the adapter's model. ValueError for values below 1, RuntimeError while another engine is
-        attached."""
-        budget = DEFAULT_PREFILL_TOKEN_BUDGET if prefill_token_budget is None else int(prefill_token_budget)
+        """A new engine on the adapter's model. ValueError for values below 1, RuntimeError while
+        another engine is attached."""
+        budget = (DEFAULT_PREFILL_TOKEN_BUDGET if prefill_token_budget is None
+                  else int(prefill_token_budget))
         for name, value in (("maxInFlight", int(max_in_flight)), ("prefillTokenBudget", budget)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -45,14 +47,14 @@ class InferenceEngineAdapter:
                                                   prefill_tokens_per_step=budget))
 
     def submit(self, request: Any) -> Any:
-        """Java ``GenerationHandle submit(GenerationRequest)``: queued at once on the engine (IllegalArgumentException
-        for a bad field, IllegalStateException after shutdown)."""
+        """Java ``GenerationHandle submit(GenerationRequest)``: queued at once on the engine
+        (IllegalArgumentException for a bad field, IllegalStateException after shutdown)."""
         if request is None:
             raise ValueError("request must not be null")
-        params = java_params(request.maxGenLen(), request.temperature(), request.topp(), request.logprobs(),
-                             request.seed())
-        future = submit_async(self.engine.model, java_prompt(request.promptTokens()), params, request.listener(),
-                              submit=self.engine.submit)
+        params = java_params(request.maxGenLen(), request.temperature(), request.topp(),
+                             request.logprobs(), request.seed())
+        future = submit_async(self.engine.model, java_prompt(request.promptTokens()), params,
+                              request.listener(), submit=self.engine.submit)
         return JClass("smile.llm.engine.GenerationHandle").of(future.requestId(), future)
 
     def model(self) -> Any:

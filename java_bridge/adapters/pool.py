@@ -1,8 +1,10 @@
-"""``smile.llm.cache.KvCachePool`` implemented over a ``smile_llm.cache.KvCachePool`` (its tree: ``radix``).
+"""``smile.llm.cache.KvCachePool`` implemented over a ``smile_llm.cache.KvCachePool`` (its tree:
+``radix``).
 
-K/V buffers follow Java NIO: each is read or written from its ``position()`` and left with its position and limit
-unchanged (``convert.buffer_view``). The step verbs take a scalar (every active row) or one value per row: the Java
-overloads arrive at the same Python method (``convert.int_or_array``)."""
+K/V buffers follow Java NIO: each is read or written from its ``position()`` and left with its
+position and limit unchanged (``convert.buffer_view``). The step verbs take a scalar (every active
+row) or one value per row: the Java overloads arrive at the same Python method
+(``convert.int_or_array``)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,14 @@ from jpype import JArray, JClass, JImplements, JInt
 from smile_llm import KvCachePool
 
 from ..errors import bridged
-from .convert import buffer_view, checked_int, int_array, int_or_array, java_device, java_scalar_type
+from .convert import (
+    buffer_view,
+    checked_int,
+    int_array,
+    int_or_array,
+    java_device,
+    java_scalar_type,
+)
 from .radix import PoolTree, RadixCacheAdapter
 
 
@@ -32,7 +41,8 @@ class KvCachePoolAdapter:
         self.pool = pool
         self._radix: Any = None  # the Java RadixCache over the pool's tree, made on first use
         self._radix_lock = threading.Lock()
-        self._exported: dict[tuple[str, int], Any] = {}  # keeps exported memory alive as long as the adapter
+        # keeps exported memory alive as long as the adapter
+        self._exported: dict[tuple[str, int], Any] = {}
 
     # geometry and counters
     def numLayers(self) -> int:  # noqa: N802
@@ -120,13 +130,14 @@ class KvCachePoolAdapter:
         return checked_int(self.pool.prefix_evict_tokens, "prefixEvictTokens", bits=64)
 
     def radix(self) -> Any:
-        """Java ``RadixCache radix()``: the pool's tree (the same object every call): queries and ``matchPrefix`` under
-        the pool's lock; mutations throw IllegalStateException (``radix.PoolTree``). IllegalStateException once the
-        pool is closed."""
+        """Java ``RadixCache radix()``: the pool's tree (the same object every call): queries and
+        ``matchPrefix`` under the pool's lock; mutations throw IllegalStateException
+        (``radix.PoolTree``). IllegalStateException once the pool is closed."""
         self.pool.radix  # noqa: B018 - PoolClosedError (IllegalStateException) after close()
         with self._radix_lock:
             if self._radix is None:
-                self._radix = JClass("smile.llm.cache.RadixCache")(RadixCacheAdapter(PoolTree(self.pool)))
+                self._radix = JClass("smile.llm.cache.RadixCache")(
+                    RadixCacheAdapter(PoolTree(self.pool)))
             return self._radix
 
     def radixCache(self) -> Any:  # noqa: N802
@@ -135,29 +146,32 @@ class KvCachePoolAdapter:
 
     # binding
     def bindRequest(self, prompt: Any, capacity: int) -> int:  # noqa: N802
-        """Java ``int bindRequest(int[] prompt, int capacity)``: ``bind_request``; ``KvCacheExhaustedException`` when it
-        does not fit (nothing changes)."""
+        """Java ``int bindRequest(int[] prompt, int capacity)``: ``bind_request``;
+        ``KvCacheExhaustedException`` when it does not fit (nothing changes)."""
         return checked_int(self.pool.bind_request(int_array(prompt), int(capacity)), "bindRequest")
 
     def bindWithPrefix(self, prompt: Any, capacity: int) -> int:  # noqa: N802
-        """Java ``int bindWithPrefix(int[] prompt, int capacity)``: ``bind_with_prefix``; returns the matched prefix
-        length."""
-        return checked_int(self.pool.bind_with_prefix(int_array(prompt), int(capacity)), "bindWithPrefix")
+        """Java ``int bindWithPrefix(int[] prompt, int capacity)``: ``bind_with_prefix``; returns
+        the matched prefix length."""
+        return checked_int(self.pool.bind_with_prefix(int_array(prompt), int(capacity)),
+                           "bindWithPrefix")
 
     def bindRequests(self, batch: int, capacity: int) -> np.ndarray:  # noqa: N802
-        """Java ``int[] bindRequests(int batch, int capacity)``: ``bind_requests``; returns the request ids."""
+        """Java ``int[] bindRequests(int batch, int capacity)``: ``bind_requests``; returns the
+        request ids."""
         return np.asarray(self.pool.bind_requests(int(batch), int(capacity)), dtype=np.int32)
 
     def finishRequest(self, *args: Any) -> None:  # noqa: N802 - (int id, int[] seq) or (int[] seq)
-        """Java ``finishRequest(int id, int[] sequence)`` (``finish_request``) or ``finishRequest(int[] sequence)``
-        (``finish_exclusive``)."""
+        """Java ``finishRequest(int id, int[] sequence)`` (``finish_request``) or
+        ``finishRequest(int[] sequence)`` (``finish_exclusive``)."""
         if len(args) == 1:
             self.pool.finish_exclusive(int_array(args[0]))
         else:
             self.pool.finish_request(int(args[0]), None if args[1] is None else int_array(args[1]))
 
     def unbindRequest(self, request_id: int) -> None:  # noqa: N802
-        """Java ``unbindRequest(int id)``: instant eviction, nothing inserted; unknown ids do nothing."""
+        """Java ``unbindRequest(int id)``: instant eviction, nothing inserted; unknown ids do
+        nothing."""
         self.pool.unbind_request(int(request_id))
 
     def unbindRequests(self) -> None:  # noqa: N802
@@ -181,12 +195,13 @@ class KvCachePoolAdapter:
         self.pool.activate_step(*(int(i) for i in int_array(ids)))
 
     def activeRequestIds(self) -> np.ndarray:  # noqa: N802
-        """Java ``int[] activeRequestIds()``: the active batch in order (empty when there is none)."""
+        """Java ``int[] activeRequestIds()``: the active batch in order (empty when there is
+        none)."""
         return np.asarray(self.pool.active_request_ids, dtype=np.int32)
 
     def ensureRequest(self, batch: int, end_pos: int) -> None:  # noqa: N802
-        """Java ``ensureRequest(int batch, int endPos)``: ``KvCacheExhaustedException`` if an active row's capacity is
-        below ``endPos``."""
+        """Java ``ensureRequest(int batch, int endPos)``: ``KvCacheExhaustedException`` if an active
+        row's capacity is below ``endPos``."""
         self.pool.ensure_request(int(batch), int(end_pos))
 
     # K/V
@@ -197,10 +212,11 @@ class KvCachePoolAdapter:
         return rows, int(seqlen), self.pool.num_kv_heads, self.pool.head_dim
 
     def put(self, layer: int, start: Any, seqlen: int, k: Any, v: Any) -> None:
-        """Java ``put(int layer, int startPos | int[] startPositions, int seqLen, ByteBuffer k, ByteBuffer v)``: write
-        ``[B, seqLen, Hkv, D]`` values of the compute dtype from direct native-order buffers, viewed from their
-        positions without a copy (read-only buffers too). IllegalArgumentException for a heap buffer, wrong byte order
-        or too few bytes remaining; IllegalStateException without an active step."""
+        """Java ``put(int layer, int startPos | int[] startPositions, int seqLen, ByteBuffer k,
+        ByteBuffer v)``: write ``[B, seqLen, Hkv, D]`` values of the compute dtype from direct
+        native-order buffers, viewed from their positions without a copy (read-only buffers too).
+        IllegalArgumentException for a heap buffer, wrong byte order or too few bytes remaining;
+        IllegalStateException without an active step."""
         shape = self._shape(seqlen)
         dtype = self.pool.compute_dtype
         k_in = buffer_view(k, dtype, shape, "k", output=False)
@@ -208,18 +224,19 @@ class KvCachePoolAdapter:
         self.pool.put(int(layer), int_or_array(start), k_in, v_in)
 
     def get(self, layer: int, length: int, k: Any, v: Any) -> None:
-        """Java ``get(int layer, int length, ByteBuffer k, ByteBuffer v)``: copy positions ``[0, length)`` of every
-        active row into the caller's direct native-order buffers (``[B, length, Hkv, D]``, compute dtype), from their
-        positions. Same buffer errors as ``put``, and IllegalArgumentException for a read-only buffer."""
+        """Java ``get(int layer, int length, ByteBuffer k, ByteBuffer v)``: copy positions
+        ``[0, length)`` of every active row into the caller's direct native-order buffers
+        (``[B, length, Hkv, D]``, compute dtype), from their positions. Same buffer errors as
+        ``put``, and IllegalArgumentException for a read-only buffer."""
         k_out, v_out = self._outputs(length, k, v)
         k_in, v_in = self.pool.get(int(layer), int(length))
         k_out.copy_(k_in)
         v_out.copy_(v_in)
 
     def getPadded(self, layer: int, length: int, k: Any, v: Any) -> None:  # noqa: N802
-        """Java ``getPadded(int layer, int length, ByteBuffer k, ByteBuffer v)``: ``get_padded`` into the caller's
-        buffers: ``length`` up to the largest active capacity, positions past a row's capacity repeat its last slot.
-        Same buffer rules as ``get``."""
+        """Java ``getPadded(int layer, int length, ByteBuffer k, ByteBuffer v)``: ``get_padded``
+        into the caller's buffers: ``length`` up to the largest active capacity, positions past a
+        row's capacity repeat its last slot. Same buffer rules as ``get``."""
         k_out, v_out = self._outputs(length, k, v)
         k_in, v_in = self.pool.get_padded(int(layer), int(length))
         k_out.copy_(k_in)
@@ -228,15 +245,16 @@ class KvCachePoolAdapter:
     def _outputs(self, length: int, k: Any, v: Any) -> tuple[torch.Tensor, torch.Tensor]:
         shape = self._shape(length)
         dtype = self.pool.compute_dtype
-        return buffer_view(k, dtype, shape, "k", output=True), buffer_view(v, dtype, shape, "v", output=True)
+        return (buffer_view(k, dtype, shape, "k", output=True),
+                buffer_view(v, dtype, shape, "v", output=True))
 
     def _export(self, which: str, layer: int) -> Any:
         key = (which, int(layer))
         if key not in self._exported:
             pool = self.pool
             if pool.device.type != "cpu":
-                raise RuntimeError(f"the pool is on {pool.device}: its K/V stay in Python (use get/put with host "
-                                   f"buffers instead)")
+                raise RuntimeError(f"the pool is on {pool.device}: its K/V stay in Python (use "
+                                   f"get/put with host buffers instead)")
             t = pool.key_layer(int(layer)) if which == "k" else pool.value_layer(int(layer))
             raw = t.view(torch.uint8).numpy()  # bytes of the pool's own storage, any dtype
             buf = jpype.nio.convertToDirectBuffer(raw)
@@ -244,8 +262,9 @@ class KvCachePoolAdapter:
         return self._exported[key][1]
 
     def keyLayer(self, layer: int) -> Any:  # noqa: N802
-        """Java ``ByteBuffer keyLayer(int layer)``: the pool's own K storage of ``layer`` as a direct native-order
-        buffer, shared without a copy (cached per layer). RuntimeError (IllegalStateException) for a pool off the CPU.
+        """Java ``ByteBuffer keyLayer(int layer)``: the pool's own K storage of ``layer`` as a
+        direct native-order buffer, shared without a copy (cached per layer). RuntimeError
+        (IllegalStateException) for a pool off the CPU.
         """
         return self._export("k", layer)
 
@@ -254,26 +273,27 @@ class KvCachePoolAdapter:
         return self._export("v", layer)
 
     def slotIndices(self, first: Any, seqlen: Any = None) -> np.ndarray:  # noqa: N802
-        """Java ``long[] slotIndices(int length)``: the physical slots of positions ``[0, length)`` of every active row,
-        row-major; ``long[] slotIndices(int[] startPos, int seqlen)``: of ``[startPos[b], startPos[b] + seqlen)``
-        (``window_slot_indices``)."""
+        """Java ``long[] slotIndices(int length)``: the physical slots of positions ``[0, length)``
+        of every active row, row-major; ``long[] slotIndices(int[] startPos, int seqlen)``: of
+        ``[startPos[b], startPos[b] + seqlen)`` (``window_slot_indices``)."""
         if seqlen is None:
             return np.asarray(self.pool.slot_indices(int(first)), dtype=np.int64)
-        return np.asarray(self.pool.window_slot_indices(int_array(first), int(seqlen)), dtype=np.int64)
+        return np.asarray(self.pool.window_slot_indices(int_array(first), int(seqlen)),
+                          dtype=np.int64)
 
     def alloc(self, num_tokens: int) -> np.ndarray:
-        """Java ``long[] alloc(int numTokens)``: page-aligned caller-owned slot ids; ``KvCacheExhaustedException`` if
-        they do not fit."""
+        """Java ``long[] alloc(int numTokens)``: page-aligned caller-owned slot ids;
+        ``KvCacheExhaustedException`` if they do not fit."""
         return np.asarray(self.pool.alloc(int(num_tokens)), dtype=np.int64)
 
     def free(self, slots: Any) -> None:
-        """Java ``free(long[] slots)``: return caller-owned whole pages; IllegalArgumentException for a double free or a
-        page the caller does not own."""
+        """Java ``free(long[] slots)``: return caller-owned whole pages; IllegalArgumentException
+        for a double free or a page the caller does not own."""
         self.pool.free(int_array(slots))
 
     def evict(self, num_tokens: int) -> int:
-        """Java ``int evict(int numTokens)``: evict at least that many unlocked cached tokens (LRU) unless the tree runs
-        out; returns the tokens evicted."""
+        """Java ``int evict(int numTokens)``: evict at least that many unlocked cached tokens (LRU)
+        unless the tree runs out; returns the tokens evicted."""
         return checked_int(self.pool.evict(int(num_tokens)), "evict")
 
     # metadata, seal and truncate
@@ -284,13 +304,14 @@ class KvCachePoolAdapter:
         return JArray(JInt, 2)(rows)
 
     def sharedFlashInferMetadata(self, lengths: Any) -> Any:  # noqa: N802
-        """Java ``int[][] sharedFlashInferMetadata(int[] lengths | int length)``: ``{indptr, indices, lastPageLen}`` of
-        the step CSR (reused / bumped / rebuilt), copied to the host."""
+        """Java ``int[][] sharedFlashInferMetadata(int[] lengths | int length)``:
+        ``{indptr, indices, lastPageLen}`` of the step CSR (reused / bumped / rebuilt), copied to
+        the host."""
         return self._csr(self.pool.shared_flashinfer_metadata(int_or_array(lengths)))
 
     def buildFlashInferMetadata(self, lengths: Any) -> Any:  # noqa: N802
-        """Java ``int[][] buildFlashInferMetadata(int[] lengths | int length)``: ``{indptr, indices, lastPageLen}`` of
-        a fresh CSR of the active rows."""
+        """Java ``int[][] buildFlashInferMetadata(int[] lengths | int length)``:
+        ``{indptr, indices, lastPageLen}`` of a fresh CSR of the active rows."""
         return self._csr(self.pool.build_flashinfer_metadata(int_or_array(lengths)))
 
     def clearStepMetadata(self) -> None:  # noqa: N802
@@ -302,17 +323,19 @@ class KvCachePoolAdapter:
         self.pool.clear_step_metadata()
 
     def sealLength(self, sealed: Any) -> bool:  # noqa: N802
-        """Java ``boolean sealLength(int[] sealedLen | int sealedLen)``: true when the step CSR kept its tensors."""
+        """Java ``boolean sealLength(int[] sealedLen | int sealedLen)``: true when the step CSR kept
+        its tensors."""
         return bool(self.pool.seal_length(int_or_array(sealed)))
 
     def truncateTo(self, sealed: Any, written_end: Any) -> bool:  # noqa: N802
-        """Java ``boolean truncateTo(int[] sealedLen, int[] writtenEnd)`` or ``(int, int)``: ``truncate_to``;
-        IllegalArgumentException if ``writtenEnd < sealedLen`` or beyond a row's capacity."""
+        """Java ``boolean truncateTo(int[] sealedLen, int[] writtenEnd)`` or ``(int, int)``:
+        ``truncate_to``; IllegalArgumentException if ``writtenEnd < sealedLen`` or beyond a row's
+        capacity."""
         return bool(self.pool.truncate_to(int_or_array(sealed), int_or_array(written_end)))
 
     def invalidateRange(self, from_pos: Any, end_pos: Any) -> None:  # noqa: N802
-        """Java ``invalidateRange(int[] fromPos, int[] endPos)`` or ``(int, int)``: zero those positions on every
-        layer; ``kvLen`` drops to at most ``fromPos``."""
+        """Java ``invalidateRange(int[] fromPos, int[] endPos)`` or ``(int, int)``: zero those
+        positions on every layer; ``kvLen`` drops to at most ``fromPos``."""
         self.pool.invalidate_range(int_or_array(from_pos), int_or_array(end_pos))
 
     # page buckets
@@ -326,11 +349,13 @@ class KvCachePoolAdapter:
 
     def firstCacheLenInNextPageBucket(self, n: int) -> int:  # noqa: N802
         """Java ``firstCacheLenInNextPageBucket(int numPages)``: ``numPages * pageSize + 1``."""
-        return checked_int(self.pool.first_cache_len_in_next_page_bucket(int(n)), "firstCacheLenInNextPageBucket")
+        return checked_int(self.pool.first_cache_len_in_next_page_bucket(int(n)),
+                           "firstCacheLenInNextPageBucket")
 
     # audit
     def checkInvariants(self) -> None:  # noqa: N802
-        """Java ``checkInvariants()``: IllegalStateException naming the first broken page (``KvCacheCorruptionError``).
+        """Java ``checkInvariants()``: IllegalStateException naming the first broken page
+        (``KvCacheCorruptionError``).
         """
         self.pool.check_invariants()
 
@@ -339,5 +364,6 @@ class KvCachePoolAdapter:
         return json.dumps(self.pool.stats(), default=str, sort_keys=True)
 
     def close(self) -> None:
-        """Java ``close()``: release the pool (idempotent); exported ``keyLayer``/``valueLayer`` buffers stay valid."""
+        """Java ``close()``: release the pool (idempotent); exported ``keyLayer``/``valueLayer``
+        buffers stay valid."""
         self.pool.close()

@@ -1,9 +1,10 @@
-"""A Java ``smile.llm.SamplingParams`` as Python's ``SamplingParams``, and Python's field names in error messages
-turned into the Java names the caller wrote.
+"""A Java ``smile.llm.SamplingParams`` as Python's ``SamplingParams``, and Python's field names in
+error messages turned into the Java names the caller wrote.
 
-Validation happens once, in Python: the Java builder checks nothing, and ``python_params`` hands every field to
-``SamplingParams``, whose ValueError/TypeError names the Python field; the message is then rewritten to lead with
-the Java name and keep the Python one (``"topK (top_k) must be >= 0 (0: off), got -1"``).
+Validation happens once, in Python: the Java builder checks nothing, and ``python_params`` hands
+every field to ``SamplingParams``, whose ValueError/TypeError names the Python field; the message is
+then rewritten to lead with the Java name and keep the Python one
+(``"topK (top_k) must be >= 0 (0: off), got -1"``).
 """
 
 from __future__ import annotations
@@ -18,20 +19,23 @@ from jpype import JClass
 from smile_llm import AUTO, SamplingParams
 
 # Python field -> the Java SamplingParams builder's name (fields spelled alike in both are left out)
-BUILDER_NAMES = {"max_new_tokens": "maxNewTokens", "top_p": "topP", "top_k": "topK", "min_p": "minP",
-                 "repetition_penalty": "repetitionPenalty", "presence_penalty": "presencePenalty",
-                 "frequency_penalty": "frequencyPenalty", "logit_bias": "logitBias", "min_new_tokens": "minNewTokens",
+BUILDER_NAMES = {"max_new_tokens": "maxNewTokens", "top_p": "topP", "top_k": "topK",
+                 "min_p": "minP", "repetition_penalty": "repetitionPenalty",
+                 "presence_penalty": "presencePenalty", "frequency_penalty": "frequencyPenalty",
+                 "logit_bias": "logitBias", "min_new_tokens": "minNewTokens",
                  "speculative_tokens": "speculativeTokens", "draft_sampling": "draftSampling",
                  "prompt_logprobs": "promptLogprobs", "draft_tree": "draftTree"}
 # Python field -> the parameter of Smile's positional generate/submit/stream and GenerationRequest
 SMILE_NAMES = {"max_new_tokens": "maxGenLen", "top_p": "topp"}
 
-_LEADING_FIELD = re.compile(r"([a-z][a-z_]*)(?=[ \[:])")  # "top_k must ...", "logit_bias[5] ...", "draft_tree: ..."
+# "top_k must ...", "logit_bias[5] ...", "draft_tree: ..."
+_LEADING_FIELD = re.compile(r"([a-z][a-z_]*)(?=[ \[:])")
 
 
 def java_named(exc: Exception, names: Mapping[str, str]) -> Exception:
-    """``exc`` (a ValueError or TypeError) with the Python field its message starts with, if ``names`` has it, as
-    ``"javaName (python_name)"``; ``exc`` itself when there is nothing to rename."""
+    """``exc`` (a ValueError or TypeError) with the Python field its message starts with, if
+    ``names`` has it, as ``"javaName (python_name)"``; ``exc`` itself when there is nothing to
+    rename."""
     msg = str(exc)
     m = _LEADING_FIELD.match(msg)
     if m is None or m.group(1) not in names:
@@ -70,14 +74,17 @@ def _optional_int(value: Any) -> int | None:
 
 
 def python_params(params: Any) -> SamplingParams:
-    """Python's ``SamplingParams`` of a Java ``smile.llm.SamplingParams``, validated there. ValueError/TypeError
-    naming the field (Java and Python names) for a bad value; ValueError for null.
+    """Python's ``SamplingParams`` of a Java ``smile.llm.SamplingParams``, validated there.
+    ValueError/TypeError naming the field (Java and Python names) for a bad value; ValueError for
+    null.
 
-    The Java ``logprobs`` (null, 0, or k) becomes False, True, or k; stop strings and stop token ids become one
-    ``stop`` list (strings first); ``speculativeTokensAuto()`` becomes ``speculative_tokens="auto"``; the
-    ``draftTree`` list becomes a tuple; an empty list or map becomes None."""
+    The Java ``logprobs`` (null, 0, or k) becomes False, True, or k; stop strings and stop token ids
+    become one ``stop`` list (strings first); ``speculativeTokensAuto()`` becomes
+    ``speculative_tokens="auto"``; the ``draftTree`` list becomes a tuple; an empty list or map
+    becomes None."""
     if params is None:
-        raise ValueError("params must not be null: build one with SamplingParams.builder()...build()")
+        raise ValueError("params must not be null: build one with "
+                         "SamplingParams.builder()...build()")
     if not is_java_params(params):
         raise TypeError(f"params must be a smile.llm.SamplingParams, got {type(params).__name__}")
     logprobs = params.logprobs()
@@ -89,11 +96,13 @@ def python_params(params: Any) -> SamplingParams:
         "top_p": float(params.topP()), "seed": int(params.seed()),
         "logprobs": False if logprobs is None else True if int(logprobs) == 0 else int(logprobs),
         "stop": stop or None,
-        "speculative_tokens": AUTO if params.speculativeTokensAuto() else _optional_int(params.speculativeTokens()),
+        "speculative_tokens": AUTO if params.speculativeTokensAuto()
+                              else _optional_int(params.speculativeTokens()),
         "draft_sampling": None if params.draftSampling() is None else str(params.draftSampling()),
         "top_k": int(params.topK()), "min_p": float(params.minP()),
         "repetition_penalty": float(params.repetitionPenalty()),
-        "presence_penalty": float(params.presencePenalty()), "frequency_penalty": float(params.frequencyPenalty()),
+        "presence_penalty": float(params.presencePenalty()),
+        "frequency_penalty": float(params.frequencyPenalty()),
         "logit_bias": {_optional_int(k): None if bias.get(k) is None else float(bias.get(k))
                        for k in bias.keySet()} or None,
         "min_new_tokens": int(params.minNewTokens()),
@@ -105,8 +114,9 @@ def python_params(params: Any) -> SamplingParams:
 
 
 def single(params: SamplingParams) -> SamplingParams:
-    """``params`` for a call that returns one completion; ValueError when it asks for ``n > 1`` samples."""
+    """``params`` for a call that returns one completion; ValueError when it asks for ``n > 1``
+    samples."""
     if params.n != 1:
-        raise ValueError(f"n is {params.n}: this call returns one completion; use generateSamples(prompt, params) "
-                         f"for n samples")
+        raise ValueError(f"n is {params.n}: this call returns one completion; use "
+                         f"generateSamples(prompt, params) for n samples")
     return params

@@ -1,5 +1,5 @@
-"""The public serving API: ``InferenceEngine`` (continuous batching with a serving thread) over the model's one
-scheduler, and what callers submit and hold (``SamplingParams``, ``RequestHandle``)."""
+"""The public serving API: ``InferenceEngine`` (continuous batching with a serving thread) over the
+model's one scheduler, and what callers submit and hold (``SamplingParams``, ``RequestHandle``)."""
 
 from ..errors import EngineShutdownError
 from ..serving.request import RequestHandle, SamplingParams

@@ -1,10 +1,12 @@
 """InferenceEngine: the public serving API of one model, over the model's one scheduler.
 
-The engine does not own a second request path: ``submit`` validates a request (``LanguageModel.request``) and queues it on
-the model's ``ServingLoop``, the same scheduler that ``LanguageModel.generate`` uses, so engine requests and
-``generate()`` calls from other threads are batched together. The engine sets the scheduler's batch size and
-prefill budget while it is attached, and runs a background driver thread (``start=True``, the default) so requests
-advance while nobody waits on them; with ``start=False`` call ``step()`` by hand (or wait on a handle, which drives).
+The engine does not own a second request path: ``submit`` validates a request
+(``LanguageModel.request``) and queues it on the model's ``ServingLoop``, the same scheduler that
+``LanguageModel.generate`` uses, so engine requests and ``generate()`` calls from other threads are
+batched together. The engine sets the scheduler's batch size and prefill budget while it is
+attached, and runs a background driver thread (``start=True``, the default) so requests advance
+while nobody waits on them; with ``start=False`` call ``step()`` by hand (or wait on a handle, which
+drives).
 """
 
 from __future__ import annotations
@@ -34,23 +36,25 @@ def _positive_int(value: Any, name: str) -> int:
 
 
 class InferenceEngine:
-    """Continuous batching over one ``LanguageModel``: ``submit`` (any thread) queues a request and returns a
-    ``RequestHandle``; requests are admitted first come, first served (``bind_request``; those that do not fit wait
-    for pages, running ones may be preempted and resumed), prefilled in chunks of ``prefill_tokens_per_step`` tokens
-    per step and advanced together (speculative rounds where the model drafts). At most ``max_batch_size`` requests
-    run at once. A context manager; ``shutdown`` ends it. ValueError/TypeError for a bad ``max_batch_size`` or
+    """Continuous batching over one ``LanguageModel``: ``submit`` (any thread) queues a request and
+    returns a ``RequestHandle``; requests are admitted first come, first served (``bind_request``;
+    those that do not fit wait for pages, running ones may be preempted and resumed), prefilled in
+    chunks of ``prefill_tokens_per_step`` tokens per step and advanced together (speculative rounds
+    where the model drafts). At most ``max_batch_size`` requests run at once. A context manager;
+    ``shutdown`` ends it. ValueError/TypeError for a bad ``max_batch_size`` or
     ``prefill_tokens_per_step``; RuntimeError if another engine is already attached to the model."""
 
     DEFAULT_PREFILL_TOKENS_PER_STEP = PREFILL_CHUNK  # prompt tokens prefilled per step unless given
 
-    def __init__(self, model: LanguageModel, max_batch_size: int = 8, *, prefill_tokens_per_step: int = PREFILL_CHUNK,
-                 start: bool = True) -> None:
+    def __init__(self, model: LanguageModel, max_batch_size: int = 8, *,
+                 prefill_tokens_per_step: int = PREFILL_CHUNK, start: bool = True) -> None:
         _positive_int(max_batch_size, "max_batch_size")
         _positive_int(prefill_tokens_per_step, "prefill_tokens_per_step")
         self.model = model
         self.server = model.server
         if self.server.engine_attached:
-            raise RuntimeError("another InferenceEngine already serves this model; shut it down first")
+            raise RuntimeError("another InferenceEngine already serves this model; shut it down "
+                               "first")
         self.max_batch_size, self.prefill_tokens_per_step = max_batch_size, prefill_tokens_per_step
         sched = self.server.scheduler
         sched.max_running, sched.prefill_tokens_per_step = max_batch_size, prefill_tokens_per_step
@@ -72,14 +76,16 @@ class InferenceEngine:
         return self.server.steps
 
     # ------------------------------------------------------------------ submission
-    def submit(self, prompt: str | Seq[int], params: SamplingParams | None = None, listener: Listener = None, *,
-               cancel: Callable[[], bool] | None = None, on_round: Callable[[RoundRecord], None] | None = None
+    def submit(self, prompt: str | Seq[int], params: SamplingParams | None = None,
+               listener: Listener = None, *, cancel: Callable[[], bool] | None = None,
+               on_round: Callable[[RoundRecord], None] | None = None
                ) -> RequestHandle | SampleGroup:
-        """Validate and queue a request; returns its handle at once (a ``SampleGroup`` of the samples for
-        ``params.n > 1``). ``listener``: a ``GenerationListener``, or a plain callable that receives each text chunk.
-        ValueError/TypeError for bad input (naming the field, nothing bound), EngineShutdownError after
-        ``shutdown``."""
-        request = self.model.request(prompt, params, listener=listener, cancel=cancel, on_round=on_round)
+        """Validate and queue a request; returns its handle at once (a ``SampleGroup`` of the
+        samples for ``params.n > 1``). ``listener``: a ``GenerationListener``, or a plain callable
+        that receives each text chunk. ValueError/TypeError for bad input (naming the field, nothing
+        bound), EngineShutdownError after ``shutdown``."""
+        request = self.model.request(prompt, params, listener=listener, cancel=cancel,
+                                     on_round=on_round)
         with self._lock:
             if self._closed:
                 raise EngineShutdownError("the engine is shut down; create a new one")
@@ -109,13 +115,14 @@ class InferenceEngine:
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self, wait: bool = True, cancel_pending: bool = False) -> None:
-        """Stop accepting requests and detach from the model. With ``cancel_pending`` (or without a serving
-        thread) the engine's queued and running requests are cancelled (KV released); otherwise ``wait`` blocks
-        until they finish (not from a listener, where it returns at once). The model's ``generate`` keeps working;
-        the scheduler's batch size and prefill budget return to their defaults. Idempotent.
+        """Stop accepting requests and detach from the model. With ``cancel_pending`` (or without a
+        serving thread) the engine's queued and running requests are cancelled (KV released);
+        otherwise ``wait`` blocks until they finish (not from a listener, where it returns at once).
+        The model's ``generate`` keeps working; the scheduler's batch size and prefill budget return
+        to their defaults. Idempotent.
 
-        Requests the engine did not submit (a ``stream`` of the model, another thread's ``submit``) are not the
-        engine's to end: once its serving thread stops, a driver that stops when idle
+        Requests the engine did not submit (a ``stream`` of the model, another thread's ``submit``)
+        are not the engine's to end: once its serving thread stops, a driver that stops when idle
         (``ServingLoop.serve_until_idle``) finishes them, so every caller still gets its result."""
         with self._lock:
             if self._closed:
@@ -129,10 +136,12 @@ class InferenceEngine:
         elif wait and not self.server.in_step():
             for h in handles:
                 h.exception()
-        when_idle = not wait and not cancel_pending  # the serving thread itself finishes what is left
+        # the serving thread itself finishes what is left
+        when_idle = not wait and not cancel_pending
         self.server.stop_thread(wait=wait and not self.server.in_step(), when_idle=when_idle)
         if not when_idle and self.server.has_work():
-            self.server.serve_until_idle()  # other callers' requests keep advancing without the engine's thread
+            # other callers' requests keep advancing without the engine's thread
+            self.server.serve_until_idle()
         sched = self.server.scheduler
         sched.max_running, sched.prefill_tokens_per_step = DEFAULT_MAX_RUNNING, PREFILL_CHUNK
         self.server.engine_attached = False

@@ -1,9 +1,11 @@
-"""Chi-square two-sample test of sampled outcomes (numpy and ``math`` only: scipy is not a dependency).
+"""Chi-square two-sample test of sampled outcomes (numpy and ``math`` only: scipy is not a
+dependency).
 
-``chi2_sf(x, df)`` is the survival function ``P(X >= x)`` of the chi-square distribution, the regularized upper
-incomplete gamma ``Q(df / 2, x / 2)``: a power series below ``a + 1``, Lentz's continued fraction above (Numerical
-Recipes' ``gammq``), both to ~1e-14 relative. ``two_sample_chi2`` compares two samples of hashable outcomes with
-the 2 x C contingency statistic ``sum (O - E)^2 / E``, ``C - 1`` degrees of freedom.
+``chi2_sf(x, df)`` is the survival function ``P(X >= x)`` of the chi-square distribution, the
+regularized upper incomplete gamma ``Q(df / 2, x / 2)``: a power series below ``a + 1``, Lentz's
+continued fraction above (Numerical Recipes' ``gammq``), both to ~1e-14 relative.
+``two_sample_chi2`` compares two samples of hashable outcomes with the 2 x C contingency statistic
+``sum (O - E)^2 / E``, ``C - 1`` degrees of freedom.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import numpy as np
 _EPS = 1e-15
 _TINY = 1e-300
 _MAX_TERMS = 10_000
-RARE = "<rare>"  # the cell that pools outcomes seen fewer than ``min_count`` times in both samples together
+# the cell that pools outcomes seen fewer than ``min_count`` times in both samples together
+RARE = "<rare>"
 
 
 class ChiSquare(NamedTuple):
-    """A test's statistic, degrees of freedom and p-value (1.0 when there are fewer than two cells)."""
+    """A test's statistic, degrees of freedom and p-value (1.0 when there are fewer than two
+    cells)."""
 
     statistic: float
     df: int
@@ -30,7 +34,8 @@ class ChiSquare(NamedTuple):
 
 
 def _lower_series(a: float, x: float) -> float:
-    """Regularized lower incomplete gamma P(a, x) by its power series (converges fast for x < a + 1)."""
+    """Regularized lower incomplete gamma P(a, x) by its power series (converges fast for
+    x < a + 1)."""
     term = total = 1.0 / a
     ap = a
     for _ in range(_MAX_TERMS):
@@ -43,7 +48,8 @@ def _lower_series(a: float, x: float) -> float:
 
 
 def _upper_fraction(a: float, x: float) -> float:
-    """Regularized upper incomplete gamma Q(a, x) by its continued fraction (modified Lentz; for x >= a + 1)."""
+    """Regularized upper incomplete gamma Q(a, x) by its continued fraction (modified Lentz; for
+    x >= a + 1)."""
     b = x + 1.0 - a
     c = 1.0 / _TINY
     d = 1.0 / b
@@ -83,10 +89,12 @@ def chi2_sf(x: float, df: int) -> float:
     return _upper_fraction(a, half)
 
 
-def two_sample_chi2(first: Iterable[Hashable], second: Iterable[Hashable], min_count: int = 10) -> ChiSquare:
-    """Whether two samples of outcomes come from one distribution: the 2 x C contingency chi-square over the
-    outcomes, where outcomes seen fewer than ``min_count`` times in both samples together share one cell (so that
-    expected counts stay large enough for the chi-square approximation). ValueError for an empty sample."""
+def two_sample_chi2(first: Iterable[Hashable], second: Iterable[Hashable],
+                    min_count: int = 10) -> ChiSquare:
+    """Whether two samples of outcomes come from one distribution: the 2 x C contingency chi-square
+    over the outcomes, where outcomes seen fewer than ``min_count`` times in both samples together
+    share one cell (so that expected counts stay large enough for the chi-square approximation).
+    ValueError for an empty sample."""
     a, b = Counter(first), Counter(second)
     n_a, n_b = sum(a.values()), sum(b.values())
     if n_a == 0 or n_b == 0:

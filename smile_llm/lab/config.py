@@ -1,5 +1,6 @@
-"""What a lab run compares: its frozen ``LabConfig`` and the ``Configuration``s (drafter x draft settings) it
-expands into, with the parsers of the command line's ``--k``, ``--drafters``, ``--trees`` and ``--policy``."""
+"""What a lab run compares: its frozen ``LabConfig`` and the ``Configuration``s (drafter x draft
+settings) it expands into, with the parsers of the command line's ``--k``, ``--drafters``,
+``--trees`` and ``--policy``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from ..models.config import MAX_SPECULATIVE_TOKENS
 from ..serving.request import SamplingParams
 from .errors import LabError
 
-# drafter names the lab maps to from_pretrained arguments itself; every other name goes to build_drafter as is
+# drafter names the lab maps to from_pretrained arguments itself; every other name goes to
+# build_drafter as is
 DRAFTER_VARIANTS: dict[str, dict[str, Any]] = {
     "mtp": {"drafter": "mtp", "draft_kv": "history"},
     "mtp-per-round": {"drafter": "mtp", "draft_kv": "per_round"},
@@ -20,17 +22,19 @@ DRAFTER_VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def drafter_load_kwargs(name: str) -> dict[str, Any]:
-    """``from_pretrained`` arguments for a lab drafter name: ``mtp`` (history draft KV), ``mtp-per-round``
-    (``draft_kv="per_round"``), anything else passed as ``drafter=name`` (``build_drafter`` validates it)."""
+    """``from_pretrained`` arguments for a lab drafter name: ``mtp`` (history draft KV),
+    ``mtp-per-round`` (``draft_kv="per_round"``), anything else passed as ``drafter=name``
+    (``build_drafter`` validates it)."""
     return dict(DRAFTER_VARIANTS.get(name, {"drafter": name}))
 
 
 @dataclass(frozen=True)
 class Configuration:
-    """One thing the lab measures: ``drafter`` (a lab drafter name) with ``speculative_tokens`` (an int k, or a
-    policy name such as "auto") and extra ``generate`` keyword arguments (``generate_kwargs``, e.g.
-    ``{"draft_tree": (3, 2, 1)}``). The extra arguments must change only how drafts are made, never the target's
-    distribution: the lossless check compares the configuration with plain decoding of the same prompt."""
+    """One thing the lab measures: ``drafter`` (a lab drafter name) with ``speculative_tokens`` (an
+    int k, or a policy name such as "auto") and extra ``generate`` keyword arguments
+    (``generate_kwargs``, e.g. ``{"draft_tree": (3, 2, 1)}``). The extra arguments must change only
+    how drafts are made, never the target's distribution: the lossless check compares the
+    configuration with plain decoding of the same prompt."""
 
     label: str
     drafter: str
@@ -45,14 +49,16 @@ class Configuration:
 
 @dataclass(frozen=True)
 class LabConfig:
-    """A lab run. ``model``: a checkpoint folder, or None for the shipped model of ``kind`` ("dense", "hybrid").
-    ``drafters`` x ``ks``, then each drafter x ``trees`` (branching factors per depth) and x ``policy`` (an adaptive
-    ``speculative_tokens`` value), then ``extra`` configurations, in that order. ``workload``: a shipped workload's
-    name or a JSONL path. ``new_tokens`` per prompt unless the workload says otherwise; ``repeats`` timed runs
-    (medians); ``temperature`` 0 checks greedy outputs token for token, > 0 runs the distribution test:
-    ``samples`` draws of the first ``sample_tokens`` tokens of each of the first ``sample_prompts`` prompts, plain
-    and speculative, with different seeds (``seed`` the base). ``prefix_reuse`` False (default): every run prefills
-    its whole prompt, so repeats and drafters see the same context. ``threads``: torch threads."""
+    """A lab run. ``model``: a checkpoint folder, or None for the shipped model of ``kind``
+    ("dense", "hybrid"). ``drafters`` x ``ks``, then each drafter x ``trees`` (branching factors per
+    depth) and x ``policy`` (an adaptive ``speculative_tokens`` value), then ``extra``
+    configurations, in that order. ``workload``: a shipped workload's name or a JSONL path.
+    ``new_tokens`` per prompt unless the workload says otherwise; ``repeats`` timed runs (medians);
+    ``temperature`` 0 checks greedy outputs token for token, > 0 runs the distribution test:
+    ``samples`` draws of the first ``sample_tokens`` tokens of each of the first ``sample_prompts``
+    prompts, plain and speculative, with different seeds (``seed`` the base). ``prefix_reuse`` False
+    (default): every run prefills its whole prompt, so repeats and drafters see the same context.
+    ``threads``: torch threads."""
 
     drafters: tuple[str, ...] = ("mtp",)
     ks: tuple[int, ...] = (1, 2, 3)
@@ -75,7 +81,8 @@ class LabConfig:
     def __post_init__(self) -> None:
         if not self.drafters and not self.extra:
             raise LabError("give at least one drafter")
-        for name in ("new_tokens", "repeats", "samples", "sample_prompts", "sample_tokens", "threads"):
+        for name in ("new_tokens", "repeats", "samples", "sample_prompts", "sample_tokens",
+                     "threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LabError(f"{name} must be an int >= 1, got {value!r}")
@@ -89,15 +96,16 @@ class LabConfig:
             _check_tree(tree)
 
     def configurations(self) -> list[Configuration]:
-        """Every configuration this run measures. LabError when trees or a policy are asked for and this build's
-        ``SamplingParams`` does not take them."""
+        """Every configuration this run measures. LabError when trees or a policy are asked for and
+        this build's ``SamplingParams`` does not take them."""
         if self.trees and not trees_supported():
-            raise LabError("tree drafts are not available in this build (SamplingParams has no draft_tree field)")
+            raise LabError("tree drafts are not available in this build (SamplingParams has no "
+                           "draft_tree field)")
         if self.policy is not None and not policy_supported(self.policy):
             if policy_supported("auto"):
                 raise LabError(f"policy {self.policy!r} is refused: {_policy_error(self.policy)}")
-            raise LabError(f"adaptive k is not available in this build: speculative_tokens={self.policy!r} is "
-                           f"refused by SamplingParams")
+            raise LabError("adaptive k is not available in this build: "
+                           f"speculative_tokens={self.policy!r} is refused by SamplingParams")
         out = [Configuration(f"{d} k={k}", d, k) for d in self.drafters for k in self.ks]
         out += [Configuration(f"{d} tree={','.join(map(str, t))}", d, len(t), {"draft_tree": t})
                 for d in self.drafters for t in self.trees]
@@ -140,8 +148,8 @@ def _check_tree(tree: tuple[int, ...]) -> None:
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
-    """``"1-6"``, ``"1,3,5"`` or a mix (``"1-3,6"``) as sorted distinct draft counts. LabError for anything else or
-    a count outside 1..MAX_SPECULATIVE_TOKENS.
+    """``"1-6"``, ``"1,3,5"`` or a mix (``"1-3,6"``) as sorted distinct draft counts. LabError for
+    anything else or a count outside 1..MAX_SPECULATIVE_TOKENS.
 
     >>> parse_ks("1-3,6")
     (1, 2, 3, 6)
@@ -172,8 +180,9 @@ def parse_names(text: str, what: str) -> tuple[str, ...]:
 
 
 def parse_trees(values: list[str]) -> tuple[tuple[int, ...], ...]:
-    """Tree shapes from ``--trees`` values: each value holds shapes separated by ``;``, a shape being branching
-    factors per depth separated by commas (``"3,2,1;2,2"`` is two trees). LabError for anything else.
+    """Tree shapes from ``--trees`` values: each value holds shapes separated by ``;``, a shape
+    being branching factors per depth separated by commas (``"3,2,1;2,2"`` is two trees). LabError
+    for anything else.
 
     >>> parse_trees(["3,2,1;2,2", "4"])
     ((3, 2, 1), (2, 2), (4,))
@@ -184,7 +193,8 @@ def parse_trees(values: list[str]) -> tuple[tuple[int, ...], ...]:
             try:
                 tree = tuple(int(b) for b in shape.split(","))
             except ValueError:
-                raise LabError(f"--trees takes branching factors like 3,2,1 (';' between trees), got {value!r}") \
+                raise LabError("--trees takes branching factors like 3,2,1 (';' between trees), "
+                               f"got {value!r}") \
                     from None
             _check_tree(tree)
             out.append(tree)

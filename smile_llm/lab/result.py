@@ -1,4 +1,5 @@
-"""What a lab run measured: per-configuration numbers (``ConfigResult``) and the whole run (``LabResult``)."""
+"""What a lab run measured: per-configuration numbers (``ConfigResult``) and the whole run
+(``LabResult``)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def _total_of_medians(runs: dict[str, list[float]]) -> float:
 
 @dataclass
 class Timings:
-    """Wall and decode seconds of every timed run, by prompt id (one entry per repeat), with the drafter's
-    ``propose`` seconds summed over the same runs."""
+    """Wall and decode seconds of every timed run, by prompt id (one entry per repeat), with the
+    drafter's ``propose`` seconds summed over the same runs."""
 
     wall_s: dict[str, list[float]] = field(default_factory=dict)
     decode_s: dict[str, list[float]] = field(default_factory=dict)
@@ -33,25 +34,28 @@ class Timings:
 
     @property
     def wall_total_s(self) -> float:
-        """The workload's wall time: the sum over prompts of each prompt's median ``generate`` wall time."""
+        """The workload's wall time: the sum over prompts of each prompt's median ``generate`` wall
+        time."""
         return _total_of_medians(self.wall_s)
 
     @property
     def decode_total_s(self) -> float:
-        """As ``wall_total_s`` for decode time (``Completion.stats["decode_s"]``: without the prefill)."""
+        """As ``wall_total_s`` for decode time (``Completion.stats["decode_s"]``: without the
+        prefill)."""
         return _total_of_medians(self.decode_s)
 
     @property
     def draft_cost_share(self) -> float:
-        """Time in the drafter's ``propose`` over decode time, over all runs (0.0 without decode time)."""
+        """Time in the drafter's ``propose`` over decode time, over all runs (0.0 without decode
+        time)."""
         total = sum(sum(v) for v in self.decode_s.values())
         return self.propose_s / total if total > 0 else 0.0
 
 
 @dataclass
 class ConfigResult:
-    """One configuration: its rounds (``tally``, from the first repeat), target forwards and generated tokens
-    after the first (first repeat), timings (every repeat) and lossless verdict."""
+    """One configuration: its rounds (``tally``, from the first repeat), target forwards and
+    generated tokens after the first (first repeat), timings (every repeat) and lossless verdict."""
 
     configuration: Configuration
     tally: RoundTally = field(default_factory=RoundTally)
@@ -79,22 +83,24 @@ class ConfigResult:
     def to_json(self, plain: Timings) -> dict[str, Any]:
         c = self.configuration
         return {"label": c.label, "drafter": c.drafter, "speculative_tokens": c.speculative_tokens,
-                "generate_kwargs": {k: list(v) if isinstance(v, tuple) else v for k, v in c.generate_kwargs.items()},
+                "generate_kwargs": {k: list(v) if isinstance(v, tuple) else v
+                                    for k, v in c.generate_kwargs.items()},
                 "rounds": self.tally.summary(), "tokens_per_round": self.tally.tokens_per_round,
                 "target_forwards_per_token": self.target_forwards_per_token,
                 "generated_tokens": self.generated_tokens,
                 "wall_s": self.timings.wall_total_s, "decode_s": self.timings.decode_total_s,
                 "wall_speedup": self.speedup(plain), "decode_speedup": self.decode_speedup(plain),
                 "draft_cost_share": self.timings.draft_cost_share,
-                "wall_s_by_prompt": self.timings.wall_s, "decode_s_by_prompt": self.timings.decode_s,
+                "wall_s_by_prompt": self.timings.wall_s,
+                "decode_s_by_prompt": self.timings.decode_s,
                 "lossless": None if self.check is None else self.check.to_json()}
 
 
 @dataclass
 class LabResult:
-    """A finished run: the config, the prompts, plain decoding's timings, one ``ConfigResult`` per configuration
-    (in ``LabConfig.configurations()`` order), ``environment`` (model, code version, torch, threads, date) and
-    ``notes`` (configurations skipped, and why)."""
+    """A finished run: the config, the prompts, plain decoding's timings, one ``ConfigResult`` per
+    configuration (in ``LabConfig.configurations()`` order), ``environment`` (model, code version,
+    torch, threads, date) and ``notes`` (configurations skipped, and why)."""
 
     config: LabConfig
     prompts: list[Prompt]
@@ -114,7 +120,8 @@ class LabResult:
         return [r for r in self.results if r.check is None or not r.check.passed]
 
     def best(self) -> ConfigResult:
-        """The lossless configuration with the highest wall speedup (any configuration when none is lossless)."""
+        """The lossless configuration with the highest wall speedup (any configuration when none is
+        lossless)."""
         pool = [r for r in self.results if r.check is not None and r.check.passed] or self.results
         return max(pool, key=lambda r: r.speedup(self.plain))
 
@@ -124,7 +131,9 @@ class LabResult:
                 "config": {k: v for k, v in self.config.__dict__.items() if k != "extra"},
                 "prompts": [p.__dict__ for p in self.prompts],
                 "plain": {"wall_s": self.plain.wall_total_s, "decode_s": self.plain.decode_total_s,
-                          "wall_s_by_prompt": self.plain.wall_s, "decode_s_by_prompt": self.plain.decode_s},
+                          "wall_s_by_prompt": self.plain.wall_s,
+                          "decode_s_by_prompt": self.plain.decode_s},
                 "passed": self.passed, "notes": self.notes,
-                "best": {"label": best.configuration.label, "wall_speedup": best.speedup(self.plain)},
+                "best": {"label": best.configuration.label,
+                         "wall_speedup": best.speedup(self.plain)},
                 "configurations": [r.to_json(self.plain) for r in self.results]}

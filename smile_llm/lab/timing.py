@@ -15,10 +15,11 @@ if TYPE_CHECKING:
 
 
 class TimedDrafter:
-    """Forwards every ``Drafter`` call to ``inner`` and adds the wall time of each ``propose`` (including a CUDA
-    synchronize when the drafts are on a GPU, so queued kernels count) to ``propose_s``; a token-tree
-    ``propose_tree`` is timed the same way, and exists on the proxy exactly when ``inner`` has it. Other attributes
-    (e.g. the drafter's ``pool``) read through. ``isinstance(TimedDrafter(d), Drafter)`` holds."""
+    """Forwards every ``Drafter`` call to ``inner`` and adds the wall time of each ``propose``
+    (including a CUDA synchronize when the drafts are on a GPU, so queued kernels count) to
+    ``propose_s``; a token-tree ``propose_tree`` is timed the same way, and exists on the proxy
+    exactly when ``inner`` has it. Other attributes (e.g. the drafter's ``pool``) read through.
+    ``isinstance(TimedDrafter(d), Drafter)`` holds."""
 
     def __init__(self, inner: Drafter) -> None:
         self.inner = inner
@@ -82,8 +83,8 @@ class TimedDrafter:
 
 def install_timer(lm: LanguageModel) -> TimedDrafter:
     """Wrap ``lm``'s drafter in a ``TimedDrafter`` where the scheduler and the model runner read it
-    (``lm.runner.drafter``); returns the proxy. ValueError when ``lm`` has no drafter. Call before the
-    model's first request (the proxy then sees every bind and release)."""
+    (``lm.runner.drafter``); returns the proxy. ValueError when ``lm`` has no drafter. Call before
+    the model's first request (the proxy then sees every bind and release)."""
     if lm.drafter is None:
         raise ValueError("the model has no drafter to time")
     if isinstance(lm.drafter, TimedDrafter):

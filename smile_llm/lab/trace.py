@@ -1,4 +1,5 @@
-"""Per-round traces: what each speculative round of a configuration drafted and kept, summed over its runs."""
+"""Per-round traces: what each speculative round of a configuration drafted and kept, summed over
+its runs."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from ..speculative.acceptance import RoundRecord
 
 
 def round_depth(record: RoundRecord) -> int:
-    """Drafts on the longest root-to-leaf path: ``len(drafts)`` for a linear round; for a token-tree round (its
-    ``parents`` give each draft's parent, 0 the root, 1-based draft numbers otherwise) the tree's depth."""
+    """Drafts on the longest root-to-leaf path: ``len(drafts)`` for a linear round; for a token-tree
+    round (its ``parents`` give each draft's parent, 0 the root, 1-based draft numbers otherwise)
+    the tree's depth."""
     parents = getattr(record, "parents", None)
     if parents is None:
         return len(record.drafts)
@@ -23,20 +25,23 @@ def round_depth(record: RoundRecord) -> int:
 
 @dataclass
 class RoundTally:
-    """Counts over ``RoundRecord``s (one ``add`` per round, from ``generate(..., on_round=tally.add)``).
+    """Counts over ``RoundRecord``s (one ``add`` per round, from
+    ``generate(..., on_round=tally.add)``).
 
-    ``reached[j]`` (j = 1..max k) counts rounds whose drafts reach depth j (``round_depth``: the draft count of a
-    linear round) and that accepted the j - 1 drafts before depth j; ``accepted[j]`` those that also accepted one at
-    depth j. ``drafts`` counts every proposed token (a tree's nodes). So ``accepted`` never increases with j, and
-    ``acceptance_by_position()[j - 1] = accepted[j] / reached[j]`` is P(draft j accepted | drafts before it
-    accepted)."""
+    ``reached[j]`` (j = 1..max k) counts rounds whose drafts reach depth j (``round_depth``: the
+    draft count of a linear round) and that accepted the j - 1 drafts before depth j;
+    ``accepted[j]`` those that also accepted one at depth j. ``drafts`` counts every proposed token
+    (a tree's nodes). So ``accepted`` never increases with j, and
+    ``acceptance_by_position()[j - 1] = accepted[j] / reached[j]`` is P(draft j accepted | drafts
+    before it accepted)."""
 
     rounds: int = 0
     drafts: int = 0
     accepted_drafts: int = 0
     reached: Counter[int] = field(default_factory=Counter)
     accepted: Counter[int] = field(default_factory=Counter)
-    accept_lengths: Counter[int] = field(default_factory=Counter)  # tokens per round (accepted + 1) -> rounds
+    # tokens per round (accepted + 1) -> rounds
+    accept_lengths: Counter[int] = field(default_factory=Counter)
     ks: Counter[int] = field(default_factory=Counter)  # depth (drafts of a linear round) -> rounds
 
     def add(self, record: RoundRecord) -> None:
@@ -74,7 +79,8 @@ class RoundTally:
 
     @property
     def tokens_per_round(self) -> float:
-        """Tokens a round adds: accepted drafts plus the bonus, ``1 + mean_accepted`` (0.0 without rounds)."""
+        """Tokens a round adds: accepted drafts plus the bonus, ``1 + mean_accepted`` (0.0 without
+        rounds)."""
         return 1.0 + self.mean_accepted if self.rounds else 0.0
 
     @property
@@ -83,13 +89,16 @@ class RoundTally:
         return self.accepted_drafts / self.drafts if self.drafts else 0.0
 
     def acceptance_by_position(self) -> list[float | None]:
-        """P(draft j accepted | drafts 1..j-1 accepted) for j = 1..max_k; None where no round reached j."""
-        return [self.accepted[j] / self.reached[j] if self.reached[j] else None for j in range(1, self.max_k + 1)]
+        """P(draft j accepted | drafts 1..j-1 accepted) for j = 1..max_k; None where no round
+        reached j."""
+        return [self.accepted[j] / self.reached[j] if self.reached[j] else None
+                for j in range(1, self.max_k + 1)]
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready counts and rates."""
-        return {"rounds": self.rounds, "drafts": self.drafts, "accepted_drafts": self.accepted_drafts,
-                "tokens_per_round": self.tokens_per_round, "acceptance_rate": self.acceptance_rate,
+        return {"rounds": self.rounds, "drafts": self.drafts,
+                "accepted_drafts": self.accepted_drafts, "tokens_per_round": self.tokens_per_round,
+                "acceptance_rate": self.acceptance_rate,
                 "acceptance_by_position": self.acceptance_by_position(),
                 "reached_by_position": [self.reached[j] for j in range(1, self.max_k + 1)],
                 "accepted_by_position": [self.accepted[j] for j in range(1, self.max_k + 1)],

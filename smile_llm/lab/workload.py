@@ -1,9 +1,10 @@
 """Workloads of the speculative-decoding lab: JSONL files of prompts.
 
-One JSON object per line: ``"prompt"`` (text, required), ``"id"`` (optional, any JSON scalar; default the line
-number) and ``"max_new_tokens"`` (optional int >= 1; default the lab's ``new_tokens``). Blank lines are skipped.
-Two workloads ship in the package (``workloads/``): ``code`` (short Python contexts, what the default model was
-trained on) and ``prose`` (English prose, which a byte-level model of Python source drafts worse).
+One JSON object per line: ``"prompt"`` (text, required), ``"id"`` (optional, any JSON scalar;
+default the line number) and ``"max_new_tokens"`` (optional int >= 1; default the lab's
+``new_tokens``). Blank lines are skipped. Two workloads ship in the package (``workloads/``):
+``code`` (short Python contexts, what the default model was trained on) and ``prose`` (English
+prose, which a byte-level model of Python source drafts worse).
 """
 
 from __future__ import annotations
@@ -33,21 +34,22 @@ def shipped_workloads() -> list[str]:
 
 
 def resolve_workload(name_or_path: str | Path) -> Path:
-    """The file a ``--workload`` value names: a shipped workload's name, else a path. LabError when neither
-    exists."""
+    """The file a ``--workload`` value names: a shipped workload's name, else a path. LabError when
+    neither exists."""
     text = str(name_or_path)
     if text in shipped_workloads():
         return SHIPPED_DIR / f"{text}.jsonl"
     path = Path(text)
     if not path.is_file():
-        raise LabError(f"workload {text!r} is neither a file nor a shipped workload ({', '.join(shipped_workloads())})")
+        raise LabError(f"workload {text!r} is neither a file nor a shipped workload "
+                       f"({', '.join(shipped_workloads())})")
     return path
 
 
 def parse_workload(text: str, source: str = "<workload>") -> list[Prompt]:
-    """The prompts of JSONL ``text``. LabError naming ``source`` and the 1-based line number for a line that is not
-    a JSON object, lacks a non-empty string ``"prompt"``, has an unknown field, a bad ``max_new_tokens`` or a
-    duplicate id; also for a workload without prompts."""
+    """The prompts of JSONL ``text``. LabError naming ``source`` and the 1-based line number for a
+    line that is not a JSON object, lacks a non-empty string ``"prompt"``, has an unknown field, a
+    bad ``max_new_tokens`` or a duplicate id; also for a workload without prompts."""
     prompts: list[Prompt] = []
     seen: set[str] = set()
     for number, line in enumerate(text.splitlines(), 1):

@@ -1,13 +1,15 @@
-"""Chat templates: a checkpoint's own Jinja template, rendered the way Hugging Face's ``apply_chat_template`` does.
+"""Chat templates: a checkpoint's own Jinja template, rendered the way Hugging Face's
+``apply_chat_template`` does.
 
-The template comes from the model folder: ``chat_template.jinja`` if present, else ``chat_template`` in
-``tokenizer_config.json`` (a string, or a list of ``{"name", "template"}`` of which ``"default"`` is used). It is
-rendered in jinja2's immutable sandbox with HF's settings (``trim_blocks``, ``lstrip_blocks``, the ``loopcontrols``
-extension and a ``{% generation %}`` block that renders its body) and HF's variables and helpers: ``messages``,
-``add_generation_prompt``, ``tools``, the tokenizer's special tokens (``bos_token``, ``eos_token``, ``pad_token``,
-``unk_token``), ``raise_exception(message)``, ``strftime_now(format)``, a ``tojson`` filter that keeps non-ASCII
-text, and any extra variables (e.g. ``enable_thinking``). The rendered text is tokenized without adding special
-tokens, as HF does, so the ids equal ``apply_chat_template(..., tokenize=True)``.
+The template comes from the model folder: ``chat_template.jinja`` if present, else ``chat_template``
+in ``tokenizer_config.json`` (a string, or a list of ``{"name", "template"}`` of which ``"default"``
+is used). It is rendered in jinja2's immutable sandbox with HF's settings (``trim_blocks``,
+``lstrip_blocks``, the ``loopcontrols`` extension and a ``{% generation %}`` block that renders its
+body) and HF's variables and helpers: ``messages``, ``add_generation_prompt``, ``tools``, the
+tokenizer's special tokens (``bos_token``, ``eos_token``, ``pad_token``, ``unk_token``),
+``raise_exception(message)``, ``strftime_now(format)``, a ``tojson`` filter that keeps non-ASCII
+text, and any extra variables (e.g. ``enable_thinking``). The rendered text is tokenized without
+adding special tokens, as HF does, so the ids equal ``apply_chat_template(..., tokenize=True)``.
 """
 
 from __future__ import annotations
@@ -25,24 +27,27 @@ from .json_file import read_json
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
-RESERVED_VARIABLES = ("messages", "add_generation_prompt")  # set by chat itself, not by chat_template_kwargs
-MAX_CONFIG_BYTES = 64 << 20  # a tokenizer_config.json larger than this is refused before it is parsed
+# set by chat itself, not by chat_template_kwargs
+RESERVED_VARIABLES = ("messages", "add_generation_prompt")
+# a tokenizer_config.json larger than this is refused before it is parsed
+MAX_CONFIG_BYTES = 64 << 20
 
 
 class ChatTemplate:
-    """One compiled chat template (``source``) with the tokenizer's special tokens (``special``), rendered in a
-    ``chat_sandbox.BoundedSandbox`` under ``limits`` (default: ``MAX_RENDER_SECONDS``, ``MAX_RENDER_CHARS``,
-    ``MAX_RANGE``, ``MAX_CALL_DEPTH`` of ``chat_limits``). ChatTemplateError (a ValueError) naming ``origin`` when it does not
-    compile."""
+    """One compiled chat template (``source``) with the tokenizer's special tokens (``special``),
+    rendered in a ``chat_sandbox.BoundedSandbox`` under ``limits`` (default: ``MAX_RENDER_SECONDS``,
+    ``MAX_RENDER_CHARS``, ``MAX_RANGE``, ``MAX_CALL_DEPTH`` of ``chat_limits``). ChatTemplateError
+    (a ValueError) naming ``origin`` when it does not compile."""
 
-    def __init__(self, source: str, special: Mapping[str, str] | None = None, origin: str = "<string>", *,
-                 limits: RenderLimits | None = None) -> None:
+    def __init__(self, source: str, special: Mapping[str, str] | None = None,
+                 origin: str = "<string>", *, limits: RenderLimits | None = None) -> None:
         import jinja2
         from jinja2 import ext, nodes
 
         from .chat_sandbox import BoundedSandbox
 
-        class Generation(ext.Extension):  # HF's {% generation %} ... {% endgeneration %}: the body, rendered
+        # HF's {% generation %} ... {% endgeneration %}: the body, rendered
+        class Generation(ext.Extension):
             tags = {"generation"}
 
             def parse(self, parser: Any) -> Any:
@@ -53,12 +58,13 @@ class ChatTemplate:
         def raise_exception(message: str) -> None:
             raise jinja2.exceptions.TemplateError(message)
 
-        def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-                   sort_keys: bool = False) -> str:
-            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+                   separators: Any = None, sort_keys: bool = False) -> str:
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                              sort_keys=sort_keys)
 
-        self._env = BoundedSandbox(limits, filters={"tojson": tojson}, trim_blocks=True, lstrip_blocks=True,
-                                   extensions=[Generation, ext.loopcontrols])
+        self._env = BoundedSandbox(limits, filters={"tojson": tojson}, trim_blocks=True,
+                                   lstrip_blocks=True, extensions=[Generation, ext.loopcontrols])
         self._env.globals["raise_exception"] = raise_exception
         self._env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self.source, self.origin = source, origin
@@ -66,10 +72,11 @@ class ChatTemplate:
         try:
             self._template = self._env.compile_template(source)
         except jinja2.exceptions.TemplateSyntaxError as exc:
-            raise ChatTemplateError(f"the chat template in {origin} does not parse: {exc}") from None
+            raise ChatTemplateError(f"the chat template in {origin} does not parse: "
+                                    f"{exc}") from None
         except Exception as exc:  # e.g. RecursionError for absurdly nested source
-            raise ChatTemplateError(f"the chat template in {origin} does not compile: {type(exc).__name__}: "
-                                    f"{exc}") from exc
+            raise ChatTemplateError(f"the chat template in {origin} does not compile: "
+                                    f"{type(exc).__name__}: {exc}") from exc
         self._refusals = (jinja2.exceptions.TemplateError,)
 
     @property
@@ -79,18 +86,20 @@ class ChatTemplate:
 
     @classmethod
     def from_folder(cls, folder: Path) -> ChatTemplate | None:
-        """The folder's template (see the module docstring), or None when it has none. ChatTemplateError naming the
-        file when ``tokenizer_config.json`` is not a JSON object, the template is not UTF-8 text, or it does not
-        compile."""
+        """The folder's template (see the module docstring), or None when it has none.
+        ChatTemplateError naming the file when ``tokenizer_config.json`` is not a JSON object, the
+        template is not UTF-8 text, or it does not compile."""
         config: dict[str, Any] = {}
         if (folder / CONFIG_FILE).is_file():
             config = _read_json_object(folder / CONFIG_FILE)
-        special = {name: _token_text(config[name]) for name in SPECIAL_TOKENS if config.get(name) is not None}
+        special = {name: _token_text(config[name]) for name in SPECIAL_TOKENS
+                   if config.get(name) is not None}
         if (folder / TEMPLATE_FILE).is_file():
             try:
                 text = (folder / TEMPLATE_FILE).read_bytes().decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise ChatTemplateError(f"{folder / TEMPLATE_FILE} is not UTF-8 text: {exc}") from None
+                raise ChatTemplateError(f"{folder / TEMPLATE_FILE} is not UTF-8 text: "
+                                        f"{exc}") from None
             return cls(text, special, str(folder / TEMPLATE_FILE))
         source = config.get("chat_template")
         if isinstance(source, list):  # named templates: the default one
@@ -102,11 +111,12 @@ class ChatTemplate:
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None, **variables: Any) -> str:
-        """The prompt text of ``messages`` (checked by ``check_messages``); ``variables`` (e.g. ``enable_thinking``)
-        may also override the special tokens, as in transformers. ChatTemplateError (a ValueError) naming the
-        template: with the template's message when it rejects the conversation (``raise_exception``), with the
-        limit when the render exceeds its budget (``limits``), and with the error for any other failure
-        (``{{ 1 // 0 }}``, ``{% include %}``, an unknown filter at render time, ...)."""
+        """The prompt text of ``messages`` (checked by ``check_messages``); ``variables`` (e.g.
+        ``enable_thinking``) may also override the special tokens, as in transformers.
+        ChatTemplateError (a ValueError) naming the template: with the template's message when it
+        rejects the conversation (``raise_exception``), with the limit when the render exceeds its
+        budget (``limits``), and with the error for any other failure (``{{ 1 // 0 }}``,
+        ``{% include %}``, an unknown filter at render time, ...)."""
         checked = check_messages(messages)
         context = {**self.special, **variables, "messages": checked,
                    "add_generation_prompt": bool(add_generation_prompt), "tools": tools}
@@ -115,52 +125,58 @@ class ChatTemplate:
         except RenderBudgetError as exc:
             raise RenderBudgetError(f"the chat template ({self.origin}) {exc}") from None
         except self._refusals as exc:
-            raise ChatTemplateError(f"the chat template ({self.origin}) refused the conversation: {exc}") from None
+            raise ChatTemplateError(f"the chat template ({self.origin}) refused the conversation: "
+                                    f"{exc}") from None
         except Exception as exc:
-            raise ChatTemplateError(f"the chat template ({self.origin}) failed to render: {type(exc).__name__}: "
-                                    f"{exc}") from exc
+            raise ChatTemplateError(f"the chat template ({self.origin}) failed to render: "
+                                    f"{type(exc).__name__}: {exc}") from exc
 
 
 def check_template_kwargs(value: Any) -> dict[str, Any]:
-    """``chat_template_kwargs`` as a dict of template variables: None -> {}; else a mapping whose keys are
-    strings other than ``messages`` and ``add_generation_prompt`` (``tools`` is allowed: ``chat`` takes it out).
-    RequestTypeError (a TypeError and a ValueError) naming ``chat_template_kwargs`` otherwise."""
+    """``chat_template_kwargs`` as a dict of template variables: None -> {}; else a mapping whose
+    keys are strings other than ``messages`` and ``add_generation_prompt`` (``tools`` is allowed:
+    ``chat`` takes it out). RequestTypeError (a TypeError and a ValueError) naming
+    ``chat_template_kwargs`` otherwise."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise RequestTypeError(f"chat_template_kwargs must be a dict of template variables (or None), got "
-                               f"{type(value).__name__} {value!r:.80}")
+        raise RequestTypeError("chat_template_kwargs must be a dict of template variables (or "
+                               f"None), got {type(value).__name__} {value!r:.80}")
     for key in value:
         if not isinstance(key, str):
-            raise RequestTypeError(f"chat_template_kwargs keys must be strings (template variable names), got "
-                                   f"{key!r}")
+            raise RequestTypeError("chat_template_kwargs keys must be strings (template "
+                                   f"variable names), got {key!r}")
         if key in RESERVED_VARIABLES:
-            raise RequestTypeError(f"chat_template_kwargs may not set {key!r}: chat passes it itself")
+            raise RequestTypeError(f"chat_template_kwargs may not set {key!r}: chat passes it "
+                                   "itself")
     return dict(value)
 
 
 def check_messages(messages: Any) -> list[dict[str, Any]]:
-    """``messages`` as a list of dicts, each with a non-empty string ``role`` and a ``content`` that is a string,
-    a list (multimodal parts) or None (an assistant turn with tool calls). ValueError naming the message and field."""
+    """``messages`` as a list of dicts, each with a non-empty string ``role`` and a ``content`` that
+    is a string, a list (multimodal parts) or None (an assistant turn with tool calls). ValueError
+    naming the message and field."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
         raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping):
-            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got "
+                             f"{type(m).__name__}")
         role = m.get("role")
         if not isinstance(role, str) or not role:
             raise ValueError(f"messages[{i}]['role'] must be a non-empty string, got {role!r}")
         content = m.get("content")
         if content is not None and not isinstance(content, (str, list)):
-            raise ValueError(f"messages[{i}]['content'] must be a string (or a list of parts, or None), got "
-                             f"{type(content).__name__}")
+            raise ValueError(f"messages[{i}]['content'] must be a string (or a list of parts, or "
+                             f"None), got {type(content).__name__}")
         out.append(dict(m))
     return out
 
 
 def _token_text(token: Any) -> str:
-    """A special token from ``tokenizer_config.json``: a string, or an AddedToken dict with ``content``."""
+    """A special token from ``tokenizer_config.json``: a string, or an AddedToken dict
+    with ``content``."""
     return str(token.get("content", "")) if isinstance(token, dict) else str(token)
 
 

@@ -1,18 +1,20 @@
-"""The check that a checkpoint agrees with its config, from the safetensors headers alone, before the model is built.
+"""The check that a checkpoint agrees with its config, from the safetensors headers alone, before
+the model is built.
 
-``check_checkpoint(config, folder)`` reads and checks every header (``weights.checkpoint_headers``), then compares
-the tensors with what the config describes, coarse to fine, so that a config field with a wrong value is named
-before anything proportional to it is computed or allocated:
+``check_checkpoint(config, folder)`` reads and checks every header (``weights.checkpoint_headers``),
+then compares the tensors with what the config describes, coarse to fine, so that a config field
+with a wrong value is named before anything proportional to it is computed or allocated:
 
 1. ``embed_tokens`` is ``[vocab_size, hidden_size]``;
-2. the decoder layers present (``layers.N.``) are ``num_hidden_layers``, the MTP layers (``mtp.layers.N.``) are
-   ``mtp_num_hidden_layers``, and a MoE model's experts (``mlp.experts.E.``) are ``num_experts``;
-3. every tensor's name and shape: exactly the dense layout (``expected_dense_tensors``, the ``Transformer``'s own
-   parameters) or the hybrid one (``hybrid_layout``).
+2. the decoder layers present (``layers.N.``) are ``num_hidden_layers``, the MTP layers
+   (``mtp.layers.N.``) are ``mtp_num_hidden_layers``, and a MoE model's experts (``mlp.experts.E.``)
+   are ``num_experts``;
+3. every tensor's name and shape: exactly the dense layout (``expected_dense_tensors``, the
+   ``Transformer``'s own parameters) or the hybrid one (``hybrid_layout``).
 
-Since the names and shapes match exactly, the parameters the model allocates are the checkpoint's, whose size the
-files bound. Every failure is a ``CheckpointError`` (a ValueError) naming the config field or the tensor, and the
-file.
+Since the names and shapes match exactly, the parameters the model allocates are the checkpoint's,
+whose size the files bound. Every failure is a ``CheckpointError`` (a ValueError) naming the config
+field or the tensor, and the file.
 """
 
 from __future__ import annotations
@@ -28,22 +30,29 @@ from .weights import checkpoint_headers
 
 Shape = tuple[int, ...]
 
-# what each tensor's shape is made of, for the message of a shape that disagrees (longest suffix first)
+# what each tensor's shape is made of, for the message of a shape that disagrees
+# (longest suffix first)
 _SHAPE_FIELDS = (
-    ("embed_tokens.weight", "vocab_size, hidden_size"), ("lm_head.weight", "vocab_size, hidden_size"),
-    ("q_proj.weight", "num_attention_heads * head_dim, hidden_size"), ("q_proj.bias", "num_attention_heads * head_dim"),
-    ("k_proj.weight", "num_key_value_heads * head_dim, hidden_size"), ("k_proj.bias", "num_key_value_heads * head_dim"),
-    ("v_proj.weight", "num_key_value_heads * head_dim, hidden_size"), ("v_proj.bias", "num_key_value_heads * head_dim"),
+    ("embed_tokens.weight", "vocab_size, hidden_size"),
+    ("lm_head.weight", "vocab_size, hidden_size"),
+    ("q_proj.weight", "num_attention_heads * head_dim, hidden_size"),
+    ("q_proj.bias", "num_attention_heads * head_dim"),
+    ("k_proj.weight", "num_key_value_heads * head_dim, hidden_size"),
+    ("k_proj.bias", "num_key_value_heads * head_dim"),
+    ("v_proj.weight", "num_key_value_heads * head_dim, hidden_size"),
+    ("v_proj.bias", "num_key_value_heads * head_dim"),
     ("o_proj.weight", "hidden_size, num_attention_heads * head_dim"), ("q_norm.weight", "head_dim"),
     ("k_norm.weight", "head_dim"), ("gate_proj.weight", "intermediate_size, hidden_size"),
-    ("up_proj.weight", "intermediate_size, hidden_size"), ("down_proj.weight", "hidden_size, intermediate_size"),
+    ("up_proj.weight", "intermediate_size, hidden_size"),
+    ("down_proj.weight", "hidden_size, intermediate_size"),
     ("fc.weight", "hidden_size, 2 * hidden_size"), ("norm.weight", "hidden_size"),
 )
 
 
 def check_checkpoint(config: ModelConfig, folder: Path) -> dict[str, Shape]:
-    """Check the checkpoint in ``folder`` against ``config`` (see the module doc) and return every tensor's shape by
-    name. FileNotFoundError when there is no checkpoint file; CheckpointError otherwise."""
+    """Check the checkpoint in ``folder`` against ``config`` (see the module doc) and return
+    every tensor's shape by name. FileNotFoundError when there is no checkpoint file;
+    CheckpointError otherwise."""
     where: dict[str, Path] = {}
     shapes: dict[str, Shape] = {}
     for header in checkpoint_headers(folder):
@@ -56,16 +65,17 @@ def check_checkpoint(config: ModelConfig, folder: Path) -> dict[str, Shape]:
         try:
             check_hybrid_checkpoint(config, served)
         except ValueError as exc:
-            raise CheckpointError(f"{exc} (config.json against the checkpoint)", path=folder) from None
+            raise CheckpointError(f"{exc} (config.json against the checkpoint)",
+                                  path=folder) from None
     else:
         _check_dense(config, served, where, folder)
     return shapes
 
 
 def expected_dense_tensors(config: ModelConfig) -> dict[str, Shape]:
-    """Every tensor a dense (Llama / Qwen2 / Qwen3) checkpoint of ``config`` holds, by name, as ``Transformer``
-    names its parameters; ``lm_head.weight`` is left out when the embeddings are tied (the checkpoint may still
-    carry it)."""
+    """Every tensor a dense (Llama / Qwen2 / Qwen3) checkpoint of ``config`` holds, by name, as
+    ``Transformer`` names its parameters; ``lm_head.weight`` is left out when the embeddings are
+    tied (the checkpoint may still carry it)."""
     d, p = config.hidden_size, config.weight_prefix
     out: dict[str, Shape] = {f"{p}embed_tokens.weight": (config.vocab_size, d)}
     for i in range(config.num_hidden_layers):
@@ -86,12 +96,14 @@ def _dense_layer(c: ModelConfig, lp: str) -> dict[str, Shape]:
     d, hd, a = c.hidden_size, c.head_dim, f"{lp}self_attn."
     q, kv, inner = c.num_attention_heads * hd, c.num_key_value_heads * hd, c.intermediate_size
     out: dict[str, Shape] = {f"{lp}input_layernorm.weight": (d,), f"{a}q_proj.weight": (q, d),
-                             f"{a}k_proj.weight": (kv, d), f"{a}v_proj.weight": (kv, d), f"{a}o_proj.weight": (d, q)}
+                             f"{a}k_proj.weight": (kv, d), f"{a}v_proj.weight": (kv, d),
+                             f"{a}o_proj.weight": (d, q)}
     if c.attention_bias:
         out.update({f"{a}q_proj.bias": (q,), f"{a}k_proj.bias": (kv,), f"{a}v_proj.bias": (kv,)})
     if c.qk_norm:
         out.update({f"{a}q_norm.weight": (hd,), f"{a}k_norm.weight": (hd,)})
-    out.update({f"{lp}post_attention_layernorm.weight": (d,), f"{lp}mlp.gate_proj.weight": (inner, d),
+    out.update({f"{lp}post_attention_layernorm.weight": (d,),
+                f"{lp}mlp.gate_proj.weight": (inner, d),
                 f"{lp}mlp.up_proj.weight": (inner, d), f"{lp}mlp.down_proj.weight": (d, inner)})
     return out
 
@@ -104,12 +116,14 @@ def _check_embedding(config: ModelConfig, shapes: Mapping[str, Shape], where: Ma
         return  # reported as a missing tensor by the layout check
     want = (config.vocab_size, config.hidden_size)
     if len(shape) != 2:
-        raise CheckpointError(f"tensor {name!r} has shape {shape}; it must be [vocab_size, hidden_size] = {want}",
-                              path=where.get(name, folder), field=name)
-    for value, field, dim in ((config.vocab_size, "vocab_size", 0), (config.hidden_size, "hidden_size", 1)):
+        raise CheckpointError(f"tensor {name!r} has shape {shape}; it must be [vocab_size, "
+                              f"hidden_size] = {want}", path=where.get(name, folder), field=name)
+    for value, field, dim in ((config.vocab_size, "vocab_size", 0),
+                              (config.hidden_size, "hidden_size", 1)):
         if shape[dim] != value:
-            raise CheckpointError(f"config.json gives {field} {value} but tensor {name!r} has shape {shape} "
-                                  f"([vocab_size, hidden_size])", path=where.get(name, folder), field=field)
+            raise CheckpointError(f"config.json gives {field} {value} but tensor {name!r} has "
+                                  f"shape {shape} ([vocab_size, hidden_size])",
+                                  path=where.get(name, folder), field=field)
 
 
 def _indices(shapes: Mapping[str, Shape], pattern: str) -> set[int]:
@@ -131,12 +145,14 @@ def _check_counts(config: ModelConfig, shapes: Mapping[str, Shape], folder: Path
     prefix = re.escape(config.weight_prefix)
     layers = _indices(shapes, rf"{prefix}layers\.(\d+)\.")
     if (max(layers) + 1 if layers else 0) != config.num_hidden_layers:
-        raise CheckpointError(_count_message("num_hidden_layers", config.num_hidden_layers, "decoder layers", layers),
+        raise CheckpointError(_count_message("num_hidden_layers", config.num_hidden_layers,
+                                             "decoder layers", layers),
                               path=folder, field="num_hidden_layers")
     mtp = _indices(shapes, r"mtp\.layers\.(\d+)\.")
     if (max(mtp) + 1 if mtp else 0) != config.mtp_num_hidden_layers:
-        raise CheckpointError(_count_message("mtp_num_hidden_layers", config.mtp_num_hidden_layers, "MTP layers",
-                                             mtp), path=folder, field="mtp_num_hidden_layers")
+        raise CheckpointError(_count_message("mtp_num_hidden_layers", config.mtp_num_hidden_layers,
+                                             "MTP layers", mtp),
+                              path=folder, field="mtp_num_hidden_layers")
     moe = config.moe
     if moe is None:
         return
@@ -146,16 +162,18 @@ def _check_counts(config: ModelConfig, shapes: Mapping[str, Shape], folder: Path
         return
     experts = _indices(shapes, rf"(?:{prefix}|mtp\.)layers\.\d+\.mlp\.experts\.(\d+)\.")
     if (max(experts) + 1 if experts else 0) != moe.num_experts:
-        raise CheckpointError(_count_message("num_experts", moe.num_experts, "experts", experts), path=folder,
-                              field="num_experts")
+        raise CheckpointError(_count_message("num_experts", moe.num_experts, "experts", experts),
+                              path=folder, field="num_experts")
     described = 3 * moe.num_experts * sparse
     if described > len(shapes):
-        raise CheckpointError(f"config.json describes {described} expert tensors (num_experts {moe.num_experts} x "
-                              f"{sparse} sparse layers x 3) but the checkpoint holds {len(shapes)} tensors in all",
+        raise CheckpointError(f"config.json describes {described} expert tensors (num_experts "
+                              f"{moe.num_experts} x {sparse} sparse layers x 3) but the checkpoint "
+                              f"holds {len(shapes)} tensors in all",
                               path=folder, field="num_experts")
 
 
-def _check_dense(config: ModelConfig, shapes: Mapping[str, Shape], where: Mapping[str, Path], folder: Path) -> None:
+def _check_dense(config: ModelConfig, shapes: Mapping[str, Shape], where: Mapping[str, Path],
+                 folder: Path) -> None:
     want = expected_dense_tensors(config)
     lm_head = "lm_head.weight"
     if config.tie_word_embeddings and lm_head in shapes:
@@ -163,16 +181,18 @@ def _check_dense(config: ModelConfig, shapes: Mapping[str, Shape], where: Mappin
     missing = [n for n in want if n not in shapes]
     if missing:
         n = missing[0]
-        raise CheckpointError(f"checkpoint lacks {len(missing)} tensors config.json needs, first {n!r} "
-                              f"(shape {want[n]})", path=folder, field=n)
+        raise CheckpointError(f"checkpoint lacks {len(missing)} tensors config.json needs, first "
+                              f"{n!r} (shape {want[n]})", path=folder, field=n)
     unexpected = [n for n in shapes if n not in want]
     if unexpected:
         n = unexpected[0]
-        raise CheckpointError(f"checkpoint has {len(unexpected)} tensors config.json does not describe, first "
-                              f"{n!r} (shape {shapes[n]})", path=where.get(n, folder), field=n)
+        raise CheckpointError(f"checkpoint has {len(unexpected)} tensors config.json does not "
+                              f"describe, first {n!r} (shape {shapes[n]})",
+                              path=where.get(n, folder), field=n)
     for n, shape in want.items():
         if shapes[n] != shape:
             made_of = next((f for suffix, f in _SHAPE_FIELDS if n.endswith(suffix)), "")
-            raise CheckpointError(f"tensor {n!r} has shape {shapes[n]} in the checkpoint but config.json gives "
-                                  f"{shape}" + (f" ([{made_of}])" if made_of else ""),
+            raise CheckpointError(f"tensor {n!r} has shape {shapes[n]} in the checkpoint but "
+                                  f"config.json gives {shape}"
+                                  + (f" ([{made_of}])" if made_of else ""),
                                   path=where.get(n, folder), field=n)

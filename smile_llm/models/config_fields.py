@@ -1,13 +1,14 @@
 """Typed, range-checked reading of ``config.json`` fields, and the size limits a config may ask for.
 
-``Fields`` wraps one JSON object (the config, or a nested one such as ``rope_scaling``) and reads each field as
-exactly one type: an integer is a JSON integer (not a bool, not 2.0), a number is a finite int or float (not a
-bool), a bool is ``true``/``false`` (not ``"false"``, not 0), a string is a string. A field that is absent or
-``null`` takes its default; a required field without one is an error. Every failure is a ``ConfigError`` whose
-message names the field by its dotted path (``rope_scaling.factor``).
+``Fields`` wraps one JSON object (the config, or a nested one such as ``rope_scaling``) and reads
+each field as exactly one type: an integer is a JSON integer (not a bool, not 2.0), a number is a
+finite int or float (not a bool), a bool is ``true``/``false`` (not ``"false"``, not 0), a string is
+a string. A field that is absent or ``null`` takes its default; a required field without one is an
+error. Every failure is a ``ConfigError`` whose message names the field by its dotted path
+(``rope_scaling.factor``).
 
-The limits bound what a config can make the loader allocate or iterate before the checkpoint is compared with it;
-each is far above any released model of the supported families.
+The limits bound what a config can make the loader allocate or iterate before the checkpoint is
+compared with it; each is far above any released model of the supported families.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ MAX_INTERMEDIATE_SIZE = 1 << 20  # intermediate_size and the experts' inner size
 MAX_VOCAB_SIZE = 1 << 24  # vocab_size
 MAX_HEADS = 1024  # attention, KV and DeltaNet head counts
 MAX_HEAD_DIM = 1024  # head_dim and the DeltaNet head dims
-MAX_POSITIONS = (1 << 31) - 1  # max_position_embeddings: positions are int32 in the attention kernels
+# max_position_embeddings: positions are int32 in the attention kernels
+MAX_POSITIONS = (1 << 31) - 1
 MAX_EXPERTS = 1024  # num_experts (Qwen3-Next: 512)
 MAX_CONV_KERNEL = 64  # linear_conv_kernel_dim (released: 4)
 
@@ -32,8 +34,8 @@ _MISSING: Any = object()
 
 
 class Fields:
-    """Typed access to one JSON object of a config; ``prefix`` is its dotted path (``""`` for the top level,
-    ``"rope_scaling."`` for a nested object), used to name fields in errors."""
+    """Typed access to one JSON object of a config; ``prefix`` is its dotted path (``""`` for the
+    top level, ``"rope_scaling."`` for a nested object), used to name fields in errors."""
 
     def __init__(self, raw: Mapping[str, Any], prefix: str = "") -> None:
         self.raw, self.prefix = raw, prefix
@@ -67,7 +69,8 @@ class Fields:
         """``value`` (read from field ``key``) as an integer in ``[low, high]``."""
         name = self.name(key)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(key, f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+            raise self.error(key,
+                             f"{name} must be an integer, got {value!r} ({type(value).__name__})")
         if value < low:
             bound = "must be positive" if low == 1 else f"must be at least {low}"
             raise self.error(key, f"{name} {value} {bound}")
@@ -81,12 +84,13 @@ class Fields:
 
     def number(self, key: str, default: Any = _MISSING, *, above: float | None = None,
                at_most: float | None = None) -> float:
-        """A finite number (int or float, not bool) ``> above`` and ``<= at_most`` (either bound optional), as a
-        float."""
+        """A finite number (int or float, not bool) ``> above`` and ``<= at_most`` (either bound
+        optional), as a float."""
         value = self._get(key, default)
         name = self.name(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.error(key, f"{name} must be a number, got {value!r} ({type(value).__name__})")
+            raise self.error(key,
+                             f"{name} must be a number, got {value!r} ({type(value).__name__})")
         try:
             out = float(value)
         except OverflowError:
@@ -100,35 +104,41 @@ class Fields:
         return out
 
     def flag(self, key: str, default: bool) -> bool:
-        """A JSON ``true``/``false`` (``default`` when absent or null); anything else, ``"false"`` included, is an
-        error."""
+        """A JSON ``true``/``false`` (``default`` when absent or null); anything else, ``"false"``
+        included, is an error."""
         value = self._get(key, default)
         if not isinstance(value, bool):
             raise self.error(key, f"{self.name(key)} must be true or false, got {value!r} "
                                   f"({type(value).__name__})")
         return value
 
-    def string(self, key: str, default: Any = _MISSING, choices: Sequence[str] | None = None) -> str:
+    def string(self, key: str, default: Any = _MISSING,
+               choices: Sequence[str] | None = None) -> str:
         """A string (one of ``choices`` when given)."""
         value = self._get(key, default)
         name = self.name(key)
         if not isinstance(value, str):
-            raise self.error(key, f"{name} must be a string, got {value!r} ({type(value).__name__})")
+            raise self.error(key,
+                             f"{name} must be a string, got {value!r} ({type(value).__name__})")
         if choices is not None and value not in choices:
             raise self.error(key, f"{name} {value!r} is not supported; use one of {tuple(choices)}")
         return value
 
-    def int_list(self, key: str, *, low: int = 0, high: int, max_len: int) -> tuple[int, ...] | None:
-        """A list of at most ``max_len`` integers in ``[low, high]``, or None when absent or null."""
+    def int_list(self, key: str, *, low: int = 0, high: int,
+                 max_len: int) -> tuple[int, ...] | None:
+        """A list of at most ``max_len`` integers in ``[low, high]``, or None when absent or
+        null."""
         if not self.has(key):
             return None
         value = self.raw[key]
         name = self.name(key)
         if not isinstance(value, list):
-            raise self.error(key, f"{name} must be a list of integers, got {value!r} ({type(value).__name__})")
+            raise self.error(key, f"{name} must be a list of integers, got {value!r} "
+                                  f"({type(value).__name__})")
         if len(value) > max_len:
             raise self.error(key, f"{name} has {len(value)} entries; at most {max_len} are allowed")
-        return tuple(self.check_integer(f"{key}[{i}]", v, low=low, high=high) for i, v in enumerate(value))
+        return tuple(self.check_integer(f"{key}[{i}]", v, low=low, high=high)
+                     for i, v in enumerate(value))
 
     def str_list(self, key: str, *, max_len: int) -> tuple[str, ...] | None:
         """A list of at most ``max_len`` strings, or None when absent or null."""
@@ -137,30 +147,36 @@ class Fields:
         value = self.raw[key]
         name = self.name(key)
         if not isinstance(value, list):
-            raise self.error(key, f"{name} must be a list of strings, got {value!r} ({type(value).__name__})")
+            raise self.error(key, f"{name} must be a list of strings, got {value!r} "
+                                  f"({type(value).__name__})")
         if len(value) > max_len:
             raise self.error(key, f"{name} has {len(value)} entries; at most {max_len} are allowed")
         for i, v in enumerate(value):
             if not isinstance(v, str):
-                raise self.error(key, f"{name}[{i}] must be a string, got {v!r} ({type(v).__name__})")
+                raise self.error(key,
+                                 f"{name}[{i}] must be a string, got {v!r} ({type(v).__name__})")
         return tuple(value)
 
     def mapping(self, key: str) -> Fields | None:
-        """The nested JSON object ``key`` as ``Fields`` (prefix ``"<key>."``), or None when absent or null."""
+        """The nested JSON object ``key`` as ``Fields`` (prefix ``"<key>."``), or None
+        when absent or null."""
         if not self.has(key):
             return None
         value = self.raw[key]
         if not isinstance(value, Mapping):
-            raise self.error(key, f"{self.name(key)} must be an object, got {value!r} ({type(value).__name__})")
+            raise self.error(key, f"{self.name(key)} must be an object, got {value!r} "
+                                  f"({type(value).__name__})")
         return Fields(value, f"{self.name(key)}.")
 
     def token_ids(self, key: str, vocab_size: int) -> tuple[int, ...]:
-        """A token id or a list of them (``eos_token_id``), each in ``[0, vocab_size)``; () when absent or null."""
+        """A token id or a list of them (``eos_token_id``), each in ``[0, vocab_size)``; ()
+        when absent or null."""
         if not self.has(key):
             return ()
         value = self.raw[key]
         items = value if isinstance(value, list) else [value]
         if len(items) > vocab_size:
-            raise self.error(key, f"{self.name(key)} lists {len(items)} ids but vocab_size is {vocab_size}")
+            raise self.error(key, f"{self.name(key)} lists {len(items)} ids but vocab_size is "
+                                  f"{vocab_size}")
         keys = [f"{key}[{i}]" for i in range(len(items))] if isinstance(value, list) else [key]
         return tuple(self.check_integer(k, v, high=vocab_size - 1) for k, v in zip(keys, items))

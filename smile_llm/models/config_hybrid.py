@@ -1,11 +1,13 @@
-"""The hybrid part of ``ModelConfig``: Qwen3.5 (``qwen3_5``, ``qwen3_5_text``) and Qwen3-Next (``qwen3_next``) fields.
+"""The hybrid part of ``ModelConfig``: Qwen3.5 (``qwen3_5``, ``qwen3_5_text``) and Qwen3-Next
+(``qwen3_next``) fields.
 
-These families interleave Gated DeltaNet layers ("linear_attention") with gated full-attention layers; Qwen3-Next
-adds a sparse MoE with a shared expert. ``read_hybrid_fields`` turns the HF keys into ``ModelConfig`` keyword
-arguments with the defaults of transformers' ``Qwen3_5TextConfig`` / ``Qwen3NextConfig`` (so a config that omits a
-key means what it means to HF), and raises ``ConfigError`` (a ValueError) naming the field for a value of the wrong
-type, out of range or inconsistent with another. ``unwrap_text_config``
-reads the text model of a multimodal Qwen3.5 ``config.json``. The semantics are written up in ``docs/hybrid.md``.
+These families interleave Gated DeltaNet layers ("linear_attention") with gated full-attention
+layers; Qwen3-Next adds a sparse MoE with a shared expert. ``read_hybrid_fields`` turns the HF keys
+into ``ModelConfig`` keyword arguments with the defaults of transformers' ``Qwen3_5TextConfig`` /
+``Qwen3NextConfig`` (so a config that omits a key means what it means to HF), and raises
+``ConfigError`` (a ValueError) naming the field for a value of the wrong type, out of range or
+inconsistent with another. ``unwrap_text_config`` reads the text model of a multimodal Qwen3.5
+``config.json``. The semantics are written up in ``docs/hybrid.md``.
 """
 
 from __future__ import annotations
@@ -14,16 +16,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config_fields import (MAX_CONV_KERNEL, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_INTERMEDIATE_SIZE, MAX_LAYERS,
-                            Fields)
+from .config_fields import (MAX_CONV_KERNEL, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS,
+                            MAX_INTERMEDIATE_SIZE, MAX_LAYERS, Fields)
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
 LAYER_TYPES = (LINEAR_ATTENTION, FULL_ATTENTION)
-MULTIMODAL_TEXT_PREFIX = "model.language_model."  # the text model's tensors in a Qwen3_5ForConditionalGeneration
+# the text model's tensors in a Qwen3_5ForConditionalGeneration
+MULTIMODAL_TEXT_PREFIX = "model.language_model."
 VISION_PREFIX = "model.visual."
-STATE_DTYPES = ("float32", "bfloat16", "float16")  # mamba_ssm_dtype: the DeltaNet recurrent state's storage
+# mamba_ssm_dtype: the DeltaNet recurrent state's storage
+STATE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -36,7 +40,8 @@ class LinearAttentionConfig:
     key_head_dim: int  # linear_key_head_dim
     value_head_dim: int  # linear_value_head_dim
     conv_kernel_dim: int  # linear_conv_kernel_dim: the short causal conv's width K
-    state_dtype: str = "float32"  # mamba_ssm_dtype when the config names it (Qwen3.5 releases: float32)
+    # mamba_ssm_dtype when the config names it (Qwen3.5 releases: float32)
+    state_dtype: str = "float32"
 
     @property
     def key_dim(self) -> int:
@@ -70,8 +75,9 @@ class LinearAttentionConfig:
 
 @dataclass(frozen=True)
 class MoeConfig:
-    """Qwen3-Next's sparse MoE: softmax router over ``num_experts``, top ``num_experts_per_tok`` (renormalised when
-    ``norm_topk_prob``), plus a shared expert scaled by ``sigmoid(shared_expert_gate(x))``."""
+    """Qwen3-Next's sparse MoE: softmax router over ``num_experts``, top ``num_experts_per_tok``
+    (renormalised when ``norm_topk_prob``), plus a shared expert scaled by
+    ``sigmoid(shared_expert_gate(x))``."""
 
     num_experts: int
     num_experts_per_tok: int
@@ -82,15 +88,19 @@ class MoeConfig:
     mlp_only_layers: tuple[int, ...] = ()
 
     def is_sparse(self, layer_idx: int) -> bool:
-        """HF's rule: layer ``layer_idx`` is MoE unless listed in ``mlp_only_layers`` or off the sparse step."""
-        return layer_idx not in self.mlp_only_layers and (layer_idx + 1) % self.decoder_sparse_step == 0
+        """HF's rule: layer ``layer_idx`` is MoE unless listed in ``mlp_only_layers`` or off
+        the sparse step."""
+        return (layer_idx not in self.mlp_only_layers
+                and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
 
 def unwrap_text_config(hf: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[str, Any]]:
-    """A multimodal Qwen3.5 config (``model_type`` ``qwen3_5`` with a ``text_config``) -> (the text config, extra
-    ``ModelConfig`` keywords: checkpoint prefixes and a note that the vision tower is ignored). Token ids and
-    ``tie_word_embeddings`` fall back to the top level when the text config lacks them. Anything else -> (hf, {})."""
-    if str(hf.get("model_type", "")).lower() != "qwen3_5" or not isinstance(hf.get("text_config"), dict):
+    """A multimodal Qwen3.5 config (``model_type`` ``qwen3_5`` with a ``text_config``) -> (the text
+    config, extra ``ModelConfig`` keywords: checkpoint prefixes and a note that the vision tower is
+    ignored). Token ids and ``tie_word_embeddings`` fall back to the top level when the text config
+    lacks them. Anything else -> (hf, {})."""
+    if (str(hf.get("model_type", "")).lower() != "qwen3_5"
+            or not isinstance(hf.get("text_config"), dict)):
         return hf, {}
     text = dict(hf["text_config"])
     for key in ("bos_token_id", "eos_token_id", "tie_word_embeddings"):
@@ -107,42 +117,51 @@ def unwrap_text_config(hf: Mapping[str, Any]) -> tuple[Mapping[str, Any], dict[s
 
 
 def derive_layer_types(f: Fields, num_layers: int) -> tuple[str, ...]:
-    """``layer_types`` as given, else HF's derivation from ``full_attention_interval`` (default 4): layer i is full
-    attention when ``(i + 1) % interval == 0``. ConfigError naming the field for an unknown type or a wrong length."""
+    """``layer_types`` as given, else HF's derivation from ``full_attention_interval`` (default 4):
+    layer i is full attention when ``(i + 1) % interval == 0``. ConfigError naming the field for an
+    unknown type or a wrong length."""
     given = f.str_list("layer_types", max_len=MAX_LAYERS)
     if given is None:
         interval = f.integer("full_attention_interval", 4, low=-(1 << 31), high=MAX_LAYERS)
         if interval < 1:
-            raise f.error("full_attention_interval", f"full_attention_interval {interval} must be at least 1")
-        return tuple(FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(num_layers))
+            raise f.error("full_attention_interval",
+                          f"full_attention_interval {interval} must be at least 1")
+        return tuple(FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION
+                     for i in range(num_layers))
     for i, t in enumerate(given):
         if t not in LAYER_TYPES:
-            raise f.error("layer_types", f"layer_types[{i}] is {t!r}: unknown layer type; use one of {LAYER_TYPES}")
+            raise f.error("layer_types", f"layer_types[{i}] is {t!r}: unknown layer type; use one "
+                                         f"of {LAYER_TYPES}")
     if len(given) != num_layers:
-        raise f.error("layer_types", f"layer_types has {len(given)} entries but num_hidden_layers is {num_layers}")
+        raise f.error("layer_types", f"layer_types has {len(given)} entries but num_hidden_layers "
+                                     f"is {num_layers}")
     return given
 
 
-def read_hybrid_fields(f: Fields, model_type: str, num_layers: int, head_dim: int) -> dict[str, Any]:
-    """The hybrid ``ModelConfig`` keywords of a ``qwen3_5``/``qwen3_next`` text config (see the module doc); every
-    field typed and range-checked by ``Fields`` (ConfigError naming it)."""
+def read_hybrid_fields(f: Fields, model_type: str, num_layers: int,
+                       head_dim: int) -> dict[str, Any]:
+    """The hybrid ``ModelConfig`` keywords of a ``qwen3_5``/``qwen3_next`` text config (see the
+    module doc); every field typed and range-checked by ``Fields`` (ConfigError naming it)."""
     rope = f.mapping("rope_parameters")
     if rope is None or not rope.raw:
         rope = f.mapping("rope_scaling") or Fields({}, "rope_parameters.")
     if not f.flag("attn_output_gate", True):
-        raise f.error("attn_output_gate", "attn_output_gate false is not supported: transformers' Qwen3.5/Qwen3-Next "
-                                          "attention always gates (q_proj has 2 * num_attention_heads * head_dim rows)")
+        raise f.error("attn_output_gate",
+                      "attn_output_gate false is not supported: transformers' Qwen3.5/Qwen3-Next "
+                      "attention always gates (q_proj has 2 * num_attention_heads * head_dim rows)")
     where = f if f.has("partial_rotary_factor") else rope
     factor = where.number("partial_rotary_factor", 0.25, above=0.0, at_most=1.0)
     rotary_dim = int(head_dim * factor)
     if rotary_dim < 2 or rotary_dim % 2:
-        raise where.error("partial_rotary_factor", f"partial_rotary_factor {factor} gives rotary dimension "
-                                                   f"{rotary_dim} of head_dim {head_dim}; it must be even and in "
-                                                   f"[2, head_dim]")
+        raise where.error("partial_rotary_factor",
+                          f"partial_rotary_factor {factor} gives rotary dimension "
+                          f"{rotary_dim} of head_dim {head_dim}; it must be even and in "
+                          f"[2, head_dim]")
     mrope = rope.int_list("mrope_section", high=MAX_HEAD_DIM, max_len=8)
     if mrope is not None and sum(mrope) != rotary_dim // 2:
-        raise rope.error("mrope_section", f"mrope_section {list(mrope)} sums to {sum(mrope)} but the rotary "
-                                          f"dimension {rotary_dim} has {rotary_dim // 2} frequencies")
+        raise rope.error("mrope_section",
+                         f"mrope_section {list(mrope)} sums to {sum(mrope)} but the rotary "
+                         f"dimension {rotary_dim} has {rotary_dim // 2} frequencies")
     linear = LinearAttentionConfig(
         num_key_heads=f.integer("linear_num_key_heads", 16, low=1, high=MAX_HEADS),
         num_value_heads=f.integer("linear_num_value_heads", 32, low=1, high=MAX_HEADS),
@@ -152,8 +171,9 @@ def read_hybrid_fields(f: Fields, model_type: str, num_layers: int, head_dim: in
         state_dtype=f.string("mamba_ssm_dtype", "float32", choices=STATE_DTYPES),
     )
     if linear.num_value_heads % linear.num_key_heads:
-        raise f.error("linear_num_value_heads", f"linear_num_value_heads {linear.num_value_heads} is not a multiple "
-                                                f"of linear_num_key_heads {linear.num_key_heads}")
+        raise f.error("linear_num_value_heads",
+                      f"linear_num_value_heads {linear.num_value_heads} is not a multiple "
+                      f"of linear_num_key_heads {linear.num_key_heads}")
     return {
         "layer_types": derive_layer_types(f, num_layers),
         "linear_attention": linear,
@@ -173,7 +193,8 @@ def _read_moe(f: Fields, num_layers: int) -> MoeConfig | None:
     moe = MoeConfig(
         num_experts=num_experts,
         num_experts_per_tok=f.integer("num_experts_per_tok", 10, low=1, high=MAX_EXPERTS),
-        moe_intermediate_size=f.integer("moe_intermediate_size", 512, low=1, high=MAX_INTERMEDIATE_SIZE),
+        moe_intermediate_size=f.integer("moe_intermediate_size", 512, low=1,
+                                        high=MAX_INTERMEDIATE_SIZE),
         shared_expert_intermediate_size=f.integer("shared_expert_intermediate_size", 512, low=1,
                                                   high=MAX_INTERMEDIATE_SIZE),
         norm_topk_prob=f.flag("norm_topk_prob", True),
@@ -181,10 +202,10 @@ def _read_moe(f: Fields, num_layers: int) -> MoeConfig | None:
         mlp_only_layers=f.int_list("mlp_only_layers", high=MAX_LAYERS, max_len=MAX_LAYERS) or (),
     )
     if moe.num_experts_per_tok > moe.num_experts:
-        raise f.error("num_experts_per_tok", f"num_experts_per_tok {moe.num_experts_per_tok} exceeds num_experts "
-                                             f"{moe.num_experts}")
+        raise f.error("num_experts_per_tok", f"num_experts_per_tok {moe.num_experts_per_tok} "
+                                             f"exceeds num_experts {moe.num_experts}")
     bad = [i for i in moe.mlp_only_layers if not 0 <= i < num_layers]
     if bad:
-        raise f.error("mlp_only_layers", f"mlp_only_layers names layer {bad[0]} but num_hidden_layers is "
-                                         f"{num_layers}")
+        raise f.error("mlp_only_layers", f"mlp_only_layers names layer {bad[0]} but "
+                                         f"num_hidden_layers is {num_layers}")
     return moe

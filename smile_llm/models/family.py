@@ -1,8 +1,10 @@
-"""ModelFamily: what differs between the architectures ``Transformer`` builds, in one record per family.
+"""ModelFamily: what differs between the architectures ``Transformer`` builds, in one
+record per family.
 
-A family supplies the main stack's decoder layers, the MTP head's layers and the norm both use; everything else
-(embedding, RoPE, LM head, the forward over the paged pool) is shared. A new family is a module that builds its
-layers plus one entry in ``families.FAMILIES``, not branches through the transformer."""
+A family supplies the main stack's decoder layers, the MTP head's layers and the norm both use;
+everything else (embedding, RoPE, LM head, the forward over the paged pool) is shared. A new family
+is a module that builds its layers plus one entry in ``families.FAMILIES``, not branches through
+the transformer."""
 
 from __future__ import annotations
 
@@ -16,9 +18,10 @@ from .config import ModelConfig
 
 @dataclass(frozen=True)
 class ModelFamily:
-    """``name``; ``matches(config)``: whether a normalised config is of this family; ``layers(config)``: the main
-    stack's decoder layers, in order; ``mtp_layer(config, i)``: layer i of the MTP head (a full-attention layer over
-    the head's own KV pool); ``norm(dim, eps)``: the family's RMS norm (final norm and the head's norms)."""
+    """``name``; ``matches(config)``: whether a normalised config is of this family;
+    ``layers(config)``: the main stack's decoder layers, in order; ``mtp_layer(config, i)``: layer i
+    of the MTP head (a full-attention layer over the head's own KV pool); ``norm(dim, eps)``: the
+    family's RMS norm (final norm and the head's norms)."""
 
     name: str
     matches: Callable[[ModelConfig], bool]

@@ -1,5 +1,5 @@
-"""The model folder a command or launcher names: checked before anything is loaded, and the one line that says why
-loading it failed."""
+"""The model folder a command or launcher names: checked before anything is loaded, and the one line
+that says why loading it failed."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ MODEL_FOLDER = "a Hugging Face model folder (config.json, *.safetensors and the 
 
 
 def model_folder_problem(path: str | Path, option: str = "--model") -> str | None:
-    """What is wrong with ``path`` (given as ``option``) as a model folder, checked before anything is loaded: one
-    line, ``--model PATH: ...``, saying what is wrong (no such path, a file rather than a folder, no
-    ``config.json``, a ``config.json`` that cannot be read or is not a JSON object); None when it looks like a
-    model folder."""
+    """What is wrong with ``path`` (given as ``option``) as a model folder, checked before anything
+    is loaded: one line, ``--model PATH: ...``, saying what is wrong (no such path, a file rather
+    than a folder, no ``config.json``, a ``config.json`` that cannot be read or is not a JSON
+    object); None when it looks like a model folder."""
     p = Path(path)
     where = f"{option} {path}" if option else str(path)
     if not p.exists():
@@ -37,9 +37,9 @@ def model_folder_problem(path: str | Path, option: str = "--model") -> str | Non
 
 
 def load_error(model: str | Path | None, exc: BaseException, kind: str = "dense") -> str:
-    """One line for a model that failed to load from the folder ``model`` (None: the shipped model of ``kind``):
-    the folder and the error's message, with its type unless it is a ``ValueError`` or ``OSError`` (whose messages
-    name the problem themselves)."""
+    """One line for a model that failed to load from the folder ``model`` (None: the shipped model
+    of ``kind``): the folder and the error's message, with its type unless it is a ``ValueError`` or
+    ``OSError`` (whose messages name the problem themselves)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     if not isinstance(exc, (ValueError, OSError)) and type(exc).__name__ not in text:
         text = f"{type(exc).__name__}: {text}"

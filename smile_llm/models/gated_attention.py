@@ -1,7 +1,7 @@
-"""Full attention of the hybrid Qwen3.5 / Qwen3-Next layers, with HF parameter names: a sigmoid output gate (q_proj
-gives ``[q | gate]`` per head), zero-centred q/k norms, RoPE on the first ``rotary_dim`` dims of each head only, and
-K/V through the paged pool like the dense ``Attention`` (its KV layer is its index among the full-attention layers:
-the DeltaNet layers keep no KV)."""
+"""Full attention of the hybrid Qwen3.5 / Qwen3-Next layers, with HF parameter names: a sigmoid
+output gate (q_proj gives ``[q | gate]`` per head), zero-centred q/k norms, RoPE on the first
+``rotary_dim`` dims of each head only, and K/V through the paged pool like the dense ``Attention``
+(its KV layer is its index among the full-attention layers: the DeltaNet layers keep no KV)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 
 class GatedAttention(PreparedModule):
-    """``o_proj(attn(q, k, v) * sigmoid(gate))`` (HF ``Qwen3NextAttention`` / ``Qwen3_5Attention``); q, gate, k and v
-    from one matmul (row views of one fused weight, see ``fuse_rows``)."""
+    """``o_proj(attn(q, k, v) * sigmoid(gate))`` (HF ``Qwen3NextAttention`` / ``Qwen3_5Attention``);
+    q, gate, k and v from one matmul (row views of one fused weight, see ``fuse_rows``)."""
 
     def __init__(self, config: ModelConfig, kv_layer: int) -> None:
         super().__init__()
@@ -41,7 +41,8 @@ class GatedAttention(PreparedModule):
         self.qkv_weight, self.qkv_bias = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
-        """``x`` ``[B, S, D]`` at the positions of ``ctx`` -> ``[B, S, D]``; writes this layer's K/V first."""
+        """``x`` ``[B, S, D]`` at the positions of ``ctx`` -> ``[B, S, D]``; writes this
+        layer's K/V first."""
         b, s, _ = x.shape
         h, kv, hd, r = self.num_heads, self.num_kv_heads, self.head_dim, self.rotary_dim
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
@@ -49,8 +50,10 @@ class GatedAttention(PreparedModule):
         q, gate = qg[..., :hd], qg[..., hd:].reshape(b, s, h * hd)
         k = qkv[..., 2 * h * hd : (2 * h + kv) * hd].view(b, s, kv, hd)
         v = qkv[..., (2 * h + kv) * hd :].view(b, s, kv, hd)
-        qk = torch.cat((self.q_norm.forward(q), self.k_norm.forward(k)), dim=2)  # [B, S, H + Hkv, hd]
-        # RoPE on the first r dims (ctx.sin has its first half negated: rotate_half as a roll), the rest pass
+        # [B, S, H + Hkv, hd]
+        qk = torch.cat((self.q_norm.forward(q), self.k_norm.forward(k)), dim=2)
+        # RoPE on the first r dims (ctx.sin has its first half negated: rotate_half as a
+        # roll), the rest pass
         rot = qk[..., :r]
         rot = rot * ctx.cos + rot.roll(r // 2, -1) * ctx.sin
         qk = torch.cat((rot, qk[..., r:]), dim=-1) if r < hd else rot

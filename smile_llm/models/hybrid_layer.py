@@ -1,6 +1,6 @@
-"""One decoder layer of the hybrid Qwen3.5 / Qwen3-Next families (HF ``Qwen3NextDecoderLayer``): zero-centred pre-norms,
-a token mixer that is either Gated DeltaNet (``linear_attn``) or gated full attention (``self_attn``), and a SwiGLU
-MLP or (Qwen3-Next) a sparse MoE with a shared expert."""
+"""One decoder layer of the hybrid Qwen3.5 / Qwen3-Next families (HF ``Qwen3NextDecoderLayer``):
+zero-centred pre-norms, a token mixer that is either Gated DeltaNet (``linear_attn``) or gated full
+attention (``self_attn``), and a SwiGLU MLP or (Qwen3-Next) a sparse MoE with a shared expert."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ if TYPE_CHECKING:
 
 
 class HybridDecoderLayer(nn.Module):
-    """``x + mixer(input_layernorm(x))``, then ``+ mlp(post_attention_layernorm(x))``. ``kv_layer`` (full attention)
-    and ``linear_layer`` (DeltaNet) are the layer's index among its kind: its KV pool layer or its state slot.
-    ``layer_type`` defaults to ``config.layer_types[layer_idx]`` (the MTP head's layers pass full attention)."""
+    """``x + mixer(input_layernorm(x))``, then ``+ mlp(post_attention_layernorm(x))``. ``kv_layer``
+    (full attention) and ``linear_layer`` (DeltaNet) are the layer's index among its kind: its KV
+    pool layer or its state slot. ``layer_type`` defaults to ``config.layer_types[layer_idx]`` (the
+    MTP head's layers pass full attention)."""
 
     def __init__(self, config: ModelConfig, layer_idx: int, kv_layer: int, linear_layer: int,
                  layer_type: str | None = None) -> None:
@@ -37,19 +38,21 @@ class HybridDecoderLayer(nn.Module):
             self.linear_attn = gated_deltanet(config, linear_layer)
         else:
             self.self_attn = GatedAttention(config, kv_layer)
-        self.mlp: nn.Module = SparseMoe(config) if config.moe is not None and config.moe.is_sparse(layer_idx) \
-            else MLP(config)
+        self.mlp: nn.Module = SparseMoe(config) \
+            if config.moe is not None and config.moe.is_sparse(layer_idx) else MLP(config)
 
     def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
         """``x`` ``[B, S, D]`` -> ``[B, S, D]``; advances this layer's state or writes its K/V."""
         mixer = self.linear_attn if self.is_linear else self.self_attn
-        # With tensor parallelism both blocks are row-parallel: ctx.reduce sums the ranks' partial outputs.
+        # With tensor parallelism both blocks are row-parallel: ctx.reduce sums the ranks'
+        # partial outputs.
         x = x + ctx.reduce(mixer.forward(self.input_layernorm.forward(x), ctx))
         return x + ctx.reduce(self.mlp.forward(self.post_attention_layernorm.forward(x)))
 
 
 def layer_indices(config: ModelConfig) -> list[tuple[int, int]]:
-    """Per layer, its (KV layer, linear layer) index: how many full-attention and DeltaNet layers precede it."""
+    """Per layer, its (KV layer, linear layer) index: how many full-attention and DeltaNet
+    layers precede it."""
     out, kv, linear = [], 0, 0
     for t in config.layer_types:
         out.append((kv, linear))
@@ -61,7 +64,8 @@ def layer_indices(config: ModelConfig) -> list[tuple[int, int]]:
 
 
 def _hybrid_layers(config: ModelConfig) -> list[nn.Module]:
-    return [HybridDecoderLayer(config, i, kv, linear) for i, (kv, linear) in enumerate(layer_indices(config))]
+    return [HybridDecoderLayer(config, i, kv, linear)
+            for i, (kv, linear) in enumerate(layer_indices(config))]
 
 
 def _is_hybrid(config: ModelConfig) -> bool:
@@ -73,6 +77,7 @@ def _mtp_layer(config: ModelConfig, index: int) -> nn.Module:
     return HybridDecoderLayer(config, index, index, -1, FULL_ATTENTION)
 
 
-# Qwen3.5 / Qwen3-Next: Gated DeltaNet and gated-attention layers (MoE where the config says), zero-centred norms
+# Qwen3.5 / Qwen3-Next: Gated DeltaNet and gated-attention layers (MoE where the config says),
+# zero-centred norms
 HYBRID = ModelFamily("hybrid", matches=_is_hybrid, layers=_hybrid_layers, mtp_layer=_mtp_layer,
                      norm=ZeroCenteredRMSNorm)

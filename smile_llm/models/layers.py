@@ -1,5 +1,5 @@
-"""Decoder-layer building blocks with Hugging Face module names (so weights load by name): RMSNorm, rotary embedding,
-paged attention through the KV pool, SwiGLU MLP, and the decoder layer."""
+"""Decoder-layer building blocks with Hugging Face module names (so weights load by name): RMSNorm,
+rotary embedding, paged attention through the KV pool, SwiGLU MLP, and the decoder layer."""
 
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ if TYPE_CHECKING:
 
 
 class PreparedModule(nn.Module):
-    """A module whose ``forward`` reads tensors derived from its parameters (fused weights), made by ``_prepare``
-    at construction and again after every ``.to()`` (``_apply``), which gives parameters new tensors. The derived
-    tensors share the parameters' storage, so loading by name (``copy_``) needs no ``_prepare``."""
+    """A module whose ``forward`` reads tensors derived from its parameters (fused weights), made by
+    ``_prepare`` at construction and again after every ``.to()`` (``_apply``), which gives
+    parameters new tensors. The derived tensors share the parameters' storage, so loading by name
+    (``copy_``) needs no ``_prepare``."""
 
     def _prepare(self) -> None:
-        """Derive the tensors ``forward`` reads from the parameters (subclasses; nothing by default)."""
+        """Derive the tensors ``forward`` reads from the parameters (subclasses;
+        nothing by default)."""
 
     def _apply(self, fn: Any, recurse: bool = True) -> PreparedModule:
         super()._apply(fn, recurse)
@@ -40,9 +42,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """RMS-normalise ``x`` over its last dimension (in float32) and scale by ``weight``; same shape and dtype as
-        ``x``."""
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:  # one fused kernel, same math
+        """RMS-normalise ``x`` over its last dimension (in float32) and scale by ``weight``; same
+        shape and dtype as ``x``."""
+        # one fused kernel, same math
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             return torch.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
@@ -51,7 +54,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
-    """float32 ``[head_dim / 2]`` inverse frequencies, with Llama-3 scaling when configured (HF's formula)."""
+    """float32 ``[head_dim / 2]`` inverse frequencies, with Llama-3 scaling when
+    configured (HF's formula)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if scaling is None:
         return inv_freq
@@ -60,20 +64,23 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> t
     high_wavelen = old_len / scaling.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-    smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor
+                                                              - scaling.low_freq_factor)
     smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return torch.where(medium, smoothed, scaled)
 
 
 def fuse_rows(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias) whose row blocks *are* the parameters of ``linears`` (same ``in_features``): each
-    linear's ``weight``/``bias`` is re-pointed at a view of it, so loading by name (``copy_``) fills the fused tensor
-    and one matmul computes every output. The views share memory: clone them before saving with safetensors."""
+    """One weight (and bias) whose row blocks *are* the parameters of ``linears`` (same
+    ``in_features``): each linear's ``weight``/``bias`` is re-pointed at a view of it, so loading by
+    name (``copy_``) fills the fused tensor and one matmul computes every output. The views share
+    memory: clone them before saving with safetensors."""
     with torch.no_grad():
         weight = torch.cat([lin.weight for lin in linears])
         biases = [lin.bias for lin in linears]
-        bias = torch.cat([b for b in biases if b is not None]) if all(b is not None for b in biases) else None
+        bias = (torch.cat([b for b in biases if b is not None])
+                if all(b is not None for b in biases) else None)
     row = 0
     for lin in linears:
         n = lin.out_features
@@ -85,12 +92,13 @@ def fuse_rows(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 class Attention(PreparedModule):
-    """Self-attention with HF parameter names (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``; ``q_norm``/``k_norm`` for
-    Qwen3), GQA, RoPE, K/V written through the forward's KV-step handle (``ForwardContext.attend``) and attention through the backend over the step CSR.
+    """Self-attention with HF parameter names (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``;
+    ``q_norm``/``k_norm`` for Qwen3), GQA, RoPE, K/V written through the forward's KV-step handle
+    (``ForwardContext.attend``) and attention through the backend over the step CSR.
 
-    q, k and v come from one matmul: their weights are row views of one fused tensor (``fuse_rows``, redone after
-    any ``.to()``, see ``PreparedModule``). The q/k norms run as one normalisation over all heads, and RoPE once
-    over q and k together."""
+    q, k and v come from one matmul: their weights are row views of one fused tensor (``fuse_rows``,
+    redone after any ``.to()``, see ``PreparedModule``). The q/k norms run as one normalisation over
+    all heads, and RoPE once over q and k together."""
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -110,24 +118,26 @@ class Attention(PreparedModule):
         self.qkv_weight, self.qkv_bias = fuse_rows(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
-        """``x`` ``[B, S, D]`` at the positions of ``ctx`` -> ``[B, S, D]``; writes this layer's K/V of the S positions
-        into the pool first."""
+        """``x`` ``[B, S, D]`` at the positions of ``ctx`` -> ``[B, S, D]``; writes this layer's K/V
+        of the S positions into the pool first."""
         b, s, _ = x.shape  # [B, S, D]
         h, kv, hd = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(b, s, h + 2 * kv, hd)
         qk, v = qkv[:, :, : h + kv], qkv[:, :, h + kv :]
-        if self.q_norm is not None and self.k_norm is not None:  # HF's per-head RMSNorm, all heads at once
+        # HF's per-head RMSNorm, all heads at once
+        if self.q_norm is not None and self.k_norm is not None:
             w = torch.cat((self.q_norm.weight.expand(h, hd), self.k_norm.weight.expand(kv, hd)))
             qk = torch.rms_norm(qk, (hd,), None, self.q_norm.eps) * w
-        # RoPE: q * cos + rotate_half(q) * sin, with rotate_half as a roll (ctx.sin has its first half negated)
+        # RoPE: q * cos + rotate_half(q) * sin, with rotate_half as a roll (ctx.sin has its
+        # first half negated)
         qk = qk * ctx.cos + qk.roll(hd // 2, -1) * ctx.sin
         out = ctx.attend(self.layer_idx, qk[:, :, :h], qk[:, :, h:], v)  # [B*S, H, head_dim]
         return F.linear(out.reshape(b, s, h * hd), self.o_proj.weight)
 
 
 class MLP(PreparedModule):
-    """The SwiGLU feed-forward block: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, gate and up in one matmul
-    (their weights are row views of one fused tensor, as in ``Attention``)."""
+    """The SwiGLU feed-forward block: ``down_proj(silu(gate_proj(x)) * up_proj(x))``, gate and up in
+    one matmul (their weights are row views of one fused tensor, as in ``Attention``)."""
 
     def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
@@ -148,7 +158,8 @@ class MLP(PreparedModule):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm decoder layer: ``x + self_attn(input_layernorm(x))``, then ``+ mlp(post_attention_layernorm(x))``.
+    """One pre-norm decoder layer: ``x + self_attn(input_layernorm(x))``, then
+    ``+ mlp(post_attention_layernorm(x))``.
     """
 
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
@@ -159,10 +170,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
-        """``x`` ``[B, S, D]`` -> ``[B, S, D]``; writes this layer's K/V of the window into the pool."""
-        # The blocks' forward is called directly: no hooks are used, and Module.__call__ costs ~2 us a call on the
-        # CPU, as much as a small kernel.
-        # With tensor parallelism both blocks are row-parallel: ctx.reduce sums the ranks' partial outputs.
+        """``x`` ``[B, S, D]`` -> ``[B, S, D]``; writes this layer's K/V of the
+        window into the pool."""
+        # The blocks' forward is called directly: no hooks are used, and Module.__call__ costs ~2 us
+        # a call on the CPU, as much as a small kernel.
+        # With tensor parallelism both blocks are row-parallel: ctx.reduce sums the ranks'
+        # partial outputs.
         x = x + ctx.reduce(self.self_attn.forward(self.input_layernorm.forward(x), ctx))
         return x + ctx.reduce(self.mlp.forward(self.post_attention_layernorm.forward(x)))
 
@@ -175,5 +188,7 @@ def _every_config(config: ModelConfig) -> bool:
     return True
 
 
-# Llama, Qwen2, Qwen3 and their kin: pre-norm attention + SwiGLU layers; the MTP head's layers are the same kind
-DENSE = ModelFamily("dense", matches=_every_config, layers=_dense_layers, mtp_layer=DecoderLayer, norm=RMSNorm)
+# Llama, Qwen2, Qwen3 and their kin: pre-norm attention + SwiGLU layers; the MTP head's layers
+# are the same kind
+DENSE = ModelFamily("dense", matches=_every_config, layers=_dense_layers, mtp_layer=DecoderLayer,
+                    norm=RMSNorm)

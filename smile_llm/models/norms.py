@@ -1,5 +1,6 @@
-"""The zero-centred RMSNorm of the hybrid Qwen3.5 / Qwen3-Next families: ``rms_normalise(x) * (1 + weight)``, all in
-float32 and cast back at the end (HF's ``Qwen3NextRMSNorm``: the weight is stored centred on zero)."""
+"""The zero-centred RMSNorm of the hybrid Qwen3.5 / Qwen3-Next families:
+``rms_normalise(x) * (1 + weight)``, all in float32 and cast back at the end (HF's
+``Qwen3NextRMSNorm``: the weight is stored centred on zero)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from torch import nn
 
 
 class ZeroCenteredRMSNorm(nn.Module):
-    """``(x / rms(x)) * (1 + weight)`` over the last dimension, computed in float32 then cast to ``x``'s dtype."""
+    """``(x / rms(x)) * (1 + weight)`` over the last dimension, computed in float32 then cast
+    to ``x``'s dtype."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()

@@ -1,26 +1,38 @@
-"""Megatron-style sharding of a dense model across ``size`` ranks, and reading each rank's slices of a checkpoint.
+"""Megatron-style sharding of a dense model across ``size`` ranks, and reading each rank's slices
+of a checkpoint.
 
 | parameter (HF name) | split | rank r holds |
 |---|---|---|
 | ``*.q_proj.weight`` / ``.bias`` | rows (column-parallel) | query heads ``[r H/N, (r+1) H/N)`` |
-| ``*.k_proj.*``, ``*.v_proj.*`` | rows | KV heads ``[r Hkv/N, (r+1) Hkv/N)``; with fewer KV heads than ranks, the one KV head its query heads read (replicated) |
-| ``*.o_proj.weight`` | columns (row-parallel) | its query heads' inputs; the outputs are summed by one all-reduce |
-| ``*.gate_proj.weight``, ``*.up_proj.weight`` | rows | ``[r I/N, (r+1) I/N)`` of the MLP's inner dim |
+| ``*.k_proj.*``, ``*.v_proj.*`` | rows | KV heads ``[r Hkv/N, (r+1) Hkv/N)``; with fewer KV heads
+  than ranks, the one KV head its query heads read (replicated) |
+| ``*.o_proj.weight`` | columns (row-parallel)
+  | its query heads' inputs; the outputs are summed by one all-reduce |
+| ``*.gate_proj.weight``, ``*.up_proj.weight`` | rows
+  | ``[r I/N, (r+1) I/N)`` of the MLP's inner dim |
 | ``*.down_proj.weight`` | columns | the same inner slice; summed by one all-reduce |
-| ``model.embed_tokens.weight``, ``lm_head.weight`` | rows (vocabulary-parallel) | ``[r P, (r+1) P)`` with ``P = ceil(V/N)``, zero rows past V |
-| MoE experts' and the shared expert's ``gate/up/down_proj`` | like the MLP | its slice of each expert's inner dim |
-| DeltaNet ``in_proj_qkv`` and ``conv1d.weight`` (channels ``[q | k | v]``) | three row blocks | its key heads' q and k, its value heads' v |
-| DeltaNet ``in_proj_z``, ``in_proj_b``, ``in_proj_a``, ``dt_bias``, ``A_log`` | rows | its value heads |
-| Qwen3-Next ``in_proj_qkvz``, ``in_proj_ba`` (grouped per key head) | rows | its key heads' groups |
+| ``model.embed_tokens.weight``, ``lm_head.weight`` | rows (vocabulary-parallel)
+  | ``[r P, (r+1) P)`` with ``P = ceil(V/N)``, zero rows past V |
+| MoE experts' and the shared expert's ``gate/up/down_proj`` | like the MLP
+  | its slice of each expert's inner dim |
+| DeltaNet ``in_proj_qkv`` and ``conv1d.weight`` (channels ``[q | k | v]``) | three row blocks
+  | its key heads' q and k, its value heads' v |
+| DeltaNet ``in_proj_z``, ``in_proj_b``, ``in_proj_a``, ``dt_bias``, ``A_log`` | rows
+  | its value heads |
+| Qwen3-Next ``in_proj_qkvz``, ``in_proj_ba`` (grouped per key head) | rows
+  | its key heads' groups |
 | DeltaNet ``out_proj`` | columns | its value heads' inputs; one all-reduce |
-| the bias of a row-parallel output (``o_proj.bias`` with ``attention_bias``) | rank 0 only | the bias (zeros on the others, so the sum adds it once) |
-| everything else (norms, routers, the shared expert's gate, ``mtp.fc``, MTP norms) | replicated | the whole tensor |
+| the bias of a row-parallel output (``o_proj.bias`` with ``attention_bias``) | rank 0 only
+  | the bias (zeros on the others, so the sum adds it once) |
+| everything else (norms, routers, the shared expert's gate, ``mtp.fc``, MTP norms) | replicated
+  | the whole tensor |
 
-The MTP head's decoder layers are split like the main model's. Gated attention's ``q_proj`` holds ``[q | gate]`` per
-head, so its row blocks split by head like plain attention's. Each rank builds its modules from ``local_config`` (its
-head counts, inner sizes and vocabulary partition; a hybrid model's DeltaNet heads, so its state pool holds only its
-heads' state) and reads only its slices from the safetensors files (``safe_open(...).get_slice``). The local
-config's ``vocab_size`` is the partition; the whole vocabulary stays ``Transformer.vocab_size``.
+The MTP head's decoder layers are split like the main model's. Gated attention's ``q_proj`` holds
+``[q | gate]`` per head, so its row blocks split by head like plain attention's. Each rank builds
+its modules from ``local_config`` (its head counts, inner sizes and vocabulary partition; a hybrid
+model's DeltaNet heads, so its state pool holds only its heads' state) and reads only its slices
+from the safetensors files (``safe_open(...).get_slice``). The local config's ``vocab_size`` is the
+partition; the whole vocabulary stays ``Transformer.vocab_size``.
 """
 
 from __future__ import annotations
@@ -34,55 +46,64 @@ from ..distributed.group import TensorParallel
 from .config import ModelConfig
 from .weights import checkpoint_files
 
-DELTANET_VALUE_ROWS = ("in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight", "dt_bias", "A_log")
-DELTANET_GROUPED = ("in_proj_qkvz.weight", "in_proj_ba.weight")  # Qwen3-Next: rows grouped per key head
+DELTANET_VALUE_ROWS = ("in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight", "dt_bias",
+                       "A_log")
+# Qwen3-Next: rows grouped per key head
+DELTANET_GROUPED = ("in_proj_qkvz.weight", "in_proj_ba.weight")
 DELTANET_QKV = ("in_proj_qkv.weight", "linear_attn.conv1d.weight")  # channels [q | k | v]
-ROW_SPLIT = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias",
-             "gate_proj.weight", "up_proj.weight")
-ROW_PARALLEL_BIAS = ("o_proj.bias", "down_proj.bias", "out_proj.bias")  # of a row-parallel (all-reduced) output
+ROW_SPLIT = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias", "v_proj.weight",
+             "v_proj.bias", "gate_proj.weight", "up_proj.weight")
+# of a row-parallel (all-reduced) output
+ROW_PARALLEL_BIAS = ("o_proj.bias", "down_proj.bias", "out_proj.bias")
 COLUMN_SPLIT = ("o_proj.weight", "down_proj.weight", "out_proj.weight")
 VOCAB_SPLIT = ("model.embed_tokens.weight", "lm_head.weight")
 
 
 def check_shardable(config: ModelConfig, size: int) -> None:
-    """ValueError naming the reason unless ``config`` splits evenly over ``size`` ranks: query heads, the MLP's (and
-    each expert's) inner size and the DeltaNet key and value heads divisible by ``size``; KV heads divisible by it or
-    dividing it."""
+    """ValueError naming the reason unless ``config`` splits evenly over ``size`` ranks: query
+    heads, the MLP's (and each expert's) inner size and the DeltaNet key and value heads divisible
+    by ``size``; KV heads divisible by it or dividing it."""
     if size == 1:
         return
     h, kv, inner = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
     if h % size:
         raise ValueError(f"tensor_parallel={size} does not divide the {h} attention heads")
     if kv % size and size % kv:
-        raise ValueError(f"tensor_parallel={size} neither divides nor is a multiple of the {kv} KV heads")
+        raise ValueError(f"tensor_parallel={size} neither divides nor is a multiple of the {kv} KV "
+                         "heads")
     if inner % size:
-        raise ValueError(f"tensor_parallel={size} does not divide the MLP's intermediate size {inner}")
+        raise ValueError(f"tensor_parallel={size} does not divide the MLP's intermediate size "
+                         f"{inner}")
     la, moe = config.linear_attention, config.moe
     if la is not None and (la.num_key_heads % size or la.num_value_heads % size):
-        raise ValueError(f"tensor_parallel={size} does not divide the DeltaNet's {la.num_key_heads} key and "
-                         f"{la.num_value_heads} value heads")
-    if moe is not None and (moe.moe_intermediate_size % size or moe.shared_expert_intermediate_size % size):
+        raise ValueError(f"tensor_parallel={size} does not divide the DeltaNet's "
+                         f"{la.num_key_heads} key and {la.num_value_heads} value heads")
+    if moe is not None and (moe.moe_intermediate_size % size
+                            or moe.shared_expert_intermediate_size % size):
         raise ValueError(f"tensor_parallel={size} does not divide the experts' intermediate sizes "
                          f"{moe.moe_intermediate_size} and {moe.shared_expert_intermediate_size}")
 
 
 def vocab_partition(vocab_size: int, size: int) -> int:
-    """Rows of the vocabulary each rank holds: ``ceil(V / size)`` (the last rank's tail is zero rows)."""
+    """Rows of the vocabulary each rank holds: ``ceil(V / size)`` (the last rank's
+    tail is zero rows)."""
     return -(-vocab_size // size)
 
 
 def local_config(config: ModelConfig, tp: TensorParallel) -> ModelConfig:
-    """The geometry of rank ``tp.rank``'s modules: its query and KV heads, its MLP slice, its vocabulary partition
-    (``check_shardable`` first). Its ``vocab_size`` is the partition's rows (``vocab_partition``), not the
-    vocabulary: token ids, drafts, logits and anything checked against the vocabulary use the whole one, ``config``'s,
-    which the model keeps as ``Transformer.vocab_size`` (the width of the gathered logits)."""
+    """The geometry of rank ``tp.rank``'s modules: its query and KV heads, its MLP slice, its
+    vocabulary partition (``check_shardable`` first). Its ``vocab_size`` is the partition's rows
+    (``vocab_partition``), not the vocabulary: token ids, drafts, logits and anything checked
+    against the vocabulary use the whole one, ``config``'s, which the model keeps as
+    ``Transformer.vocab_size`` (the width of the gathered logits)."""
     if tp.size == 1:
         return config
     check_shardable(config, tp.size)
     n, la, moe = tp.size, config.linear_attention, config.moe
     return dataclasses.replace(
         config, num_attention_heads=config.num_attention_heads // n,
-        num_key_value_heads=max(1, config.num_key_value_heads // n), intermediate_size=config.intermediate_size // n,
+        num_key_value_heads=max(1, config.num_key_value_heads // n),
+        intermediate_size=config.intermediate_size // n,
         vocab_size=vocab_partition(config.vocab_size, n),
         linear_attention=None if la is None else dataclasses.replace(
             la, num_key_heads=la.num_key_heads // n, num_value_heads=la.num_value_heads // n),
@@ -93,8 +114,9 @@ def local_config(config: ModelConfig, tp: TensorParallel) -> ModelConfig:
 
 def shard_ranges(name: str, shape: tuple[int, ...], config: ModelConfig,
                  tp: TensorParallel) -> tuple[int, list[tuple[int, int]]] | None:
-    """``(dim, [(start, stop), ...])``: the blocks of the full checkpoint tensor ``name`` (of ``shape``) that rank
-    ``tp.rank`` holds, concatenated in order along ``dim``; None for a replicated tensor (see the module table)."""
+    """``(dim, [(start, stop), ...])``: the blocks of the full checkpoint tensor ``name`` (of
+    ``shape``) that rank ``tp.rank`` holds, concatenated in order along ``dim``; None for a
+    replicated tensor (see the module table)."""
     la = config.linear_attention
     if la is not None and name.endswith(DELTANET_QKV):  # [q | k | v] channels: three blocks
         r, n = tp.rank, tp.size
@@ -110,8 +132,9 @@ def shard_ranges(name: str, shape: tuple[int, ...], config: ModelConfig,
 
 def shard_range(name: str, shape: tuple[int, ...], config: ModelConfig,
                 tp: TensorParallel) -> tuple[int, int, int] | None:
-    """``(dim, start, stop)`` of the full checkpoint tensor ``name`` (of ``shape``) that rank ``tp.rank`` holds, or
-    None for a replicated tensor (see the module table; the DeltaNet projections are in ``shard_ranges``)."""
+    """``(dim, start, stop)`` of the full checkpoint tensor ``name`` (of ``shape``) that rank
+    ``tp.rank`` holds, or None for a replicated tensor (see the module table; the DeltaNet
+    projections are in ``shard_ranges``)."""
     r, n, hd = tp.rank, tp.size, config.head_dim
     if name.endswith(VOCAB_SPLIT):
         part = vocab_partition(config.vocab_size, n)
@@ -132,9 +155,10 @@ def shard_range(name: str, shape: tuple[int, ...], config: ModelConfig,
     return None
 
 
-def read_sharded_checkpoint(folder: Path, config: ModelConfig, tp: TensorParallel) -> dict[str, torch.Tensor]:
-    """Rank ``tp.rank``'s slice of every tensor in the checkpoint (only those bytes are read), vocabulary
-    partitions padded with zero rows to ``vocab_partition``."""
+def read_sharded_checkpoint(folder: Path, config: ModelConfig,
+                            tp: TensorParallel) -> dict[str, torch.Tensor]:
+    """Rank ``tp.rank``'s slice of every tensor in the checkpoint (only those bytes are read),
+    vocabulary partitions padded with zero rows to ``vocab_partition``."""
     from safetensors import safe_open
 
     part = vocab_partition(config.vocab_size, tp.size)
@@ -145,7 +169,8 @@ def read_sharded_checkpoint(folder: Path, config: ModelConfig, tp: TensorParalle
                 sl = handle.get_slice(name)
                 shape = tuple(int(x) for x in sl.get_shape())
                 where = shard_ranges(name, shape, config, tp)
-                if name.endswith(ROW_PARALLEL_BIAS):  # added once to the summed output: rank 0's, zeros elsewhere
+                # added once to the summed output: rank 0's, zeros elsewhere
+                if name.endswith(ROW_PARALLEL_BIAS):
                     t = handle.get_tensor(name)
                     tensors[name] = t if tp.rank == 0 else torch.zeros_like(t)
                     continue

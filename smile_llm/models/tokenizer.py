@@ -1,6 +1,6 @@
-"""Tokenizers: the built-in byte-level tokenizer (ids 0-255 are bytes, 256 is ``<|endoftext|>``) and Hugging Face
-``tokenizer.json`` files through the ``tokenizers`` library. Both decode incrementally without splitting a UTF-8
-character across text chunks."""
+"""Tokenizers: the built-in byte-level tokenizer (ids 0-255 are bytes, 256 is ``<|endoftext|>``) and
+Hugging Face ``tokenizer.json`` files through the ``tokenizers`` library. Both decode incrementally
+without splitting a UTF-8 character across text chunks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ MAX_SPEC_BYTES = 1 << 20  # a smile_tokenizer.json larger than this is refused b
 
 
 class Tokenizer(Protocol):
-    """What ``LanguageModel`` needs of a tokenizer: ``vocab_size``, ``eos_token_ids``, ``encode`` and ``decode``."""
+    """What ``LanguageModel`` needs of a tokenizer: ``vocab_size``, ``eos_token_ids``,
+    ``encode`` and ``decode``."""
 
     vocab_size: int
     eos_token_ids: tuple[int, ...]
@@ -49,13 +50,14 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
-        """``ids`` below 256 decoded as UTF-8 (invalid bytes become U+FFFD); special ids are dropped."""
+        """``ids`` below 256 decoded as UTF-8 (invalid bytes become U+FFFD); special
+        ids are dropped."""
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
 class HFTokenizer:
-    """A ``tokenizer.json`` read by the ``tokenizers`` library. TokenizerError (a ValueError) naming the file when
-    the library cannot read it (not JSON, not a tokenizer)."""
+    """A ``tokenizer.json`` read by the ``tokenizers`` library. TokenizerError (a ValueError) naming
+    the file when the library cannot read it (not JSON, not a tokenizer)."""
 
     def __init__(self, path: Path, eos_token_ids: tuple[int, ...]) -> None:
         from tokenizers import Tokenizer as _Tokenizer
@@ -78,9 +80,10 @@ class HFTokenizer:
 
 
 def load_tokenizer(folder: Path, eos_token_ids: tuple[int, ...], vocab_size: int) -> Tokenizer:
-    """``tokenizer.json`` if present, else the byte tokenizer (``smile_tokenizer.json`` may set its ids: a JSON
-    object whose ``vocab_size`` is an integer above 256 and whose ``eos_token_id`` is an id below it).
-    TokenizerError (a ValueError) naming the file and the field when either file is malformed."""
+    """``tokenizer.json`` if present, else the byte tokenizer (``smile_tokenizer.json`` may set
+    its ids: a JSON object whose ``vocab_size`` is an integer above 256 and whose ``eos_token_id``
+    is an id below it). TokenizerError (a ValueError) naming the file and the field when either
+    file is malformed."""
     if (folder / "tokenizer.json").is_file():
         return HFTokenizer(folder / "tokenizer.json", eos_token_ids)
     spec = folder / "smile_tokenizer.json"
@@ -95,12 +98,12 @@ def _byte_tokenizer(spec: Path, vocab_size: int) -> ByteTokenizer:
         raise TokenizerError(f"must hold a JSON object, got {type(meta).__name__}", path=spec)
     vocab = meta.get("vocab_size", vocab_size)
     if not _is_int(vocab) or vocab <= 256:
-        raise TokenizerError(f"vocab_size must be an integer above 256 (bytes and <|endoftext|>), got {vocab!r}",
-                             path=spec, field="vocab_size")
+        raise TokenizerError("vocab_size must be an integer above 256 (bytes and <|endoftext|>), "
+                             f"got {vocab!r}", path=spec, field="vocab_size")
     eos = meta.get("eos_token_id", 256)
     if not _is_int(eos) or not 0 <= eos < vocab:
-        raise TokenizerError(f"eos_token_id must be an integer in [0, {vocab}), got {eos!r}", path=spec,
-                             field="eos_token_id")
+        raise TokenizerError(f"eos_token_id must be an integer in [0, {vocab}), got {eos!r}",
+                             path=spec, field="eos_token_id")
     return ByteTokenizer(vocab, eos)
 
 
@@ -109,11 +112,13 @@ def _is_int(value: object) -> bool:
 
 
 class StreamDecoder:
-    """Turns a growing id list into text chunks, holding back an unfinished UTF-8 character. Each step decodes
-    only the ids since the last emitted chunk (prefix/read offsets, as vLLM does), so streaming is linear.
+    """Turns a growing id list into text chunks, holding back an unfinished UTF-8 character. Each
+    step decodes only the ids since the last emitted chunk (prefix/read offsets, as vLLM does), so
+    streaming is linear.
 
     >>> stream = StreamDecoder(ByteTokenizer())
-    >>> [stream.push(t) for t in "hé!".encode("utf-8")]   # "é" is two bytes: nothing until both arrived
+    >>> # "é" is two bytes: nothing comes out until both arrived
+    >>> [stream.push(t) for t in "hé!".encode("utf-8")]
     ['h', '', 'é', '!']
     >>> stream.finish()
     ''
@@ -122,7 +127,8 @@ class StreamDecoder:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.prefix = 0  # ids[prefix:read] decode to the text emitted last (context for the next chunk)
+        # ids[prefix:read] decode to the text emitted last (context for the next chunk)
+        self.prefix = 0
         self.read = 0
 
     def push(self, token: int) -> str:

@@ -1,10 +1,10 @@
 """The decoder: embeddings, decoder layers over the paged KV pool, final norm and LM head.
 
 ``forward`` runs one step for the active rows of a pool: ``tokens[b]`` are the tokens at positions
-``[start_b, start_b + S)`` of row b (S the same for every row; the rows' starts may differ, so one code path
-serves batched prefill and ragged decode). Each forward's K/V go through one ``pool.kv_step`` handle (validated once,
-written by every layer, committed to ``kv_len`` only when the forward succeeded) and attention reads the pool through
-the backend with the step's shared CSR.
+``[start_b, start_b + S)`` of row b (S the same for every row; the rows' starts may differ, so one
+code path serves batched prefill and ragged decode). Each forward's K/V go through one
+``pool.kv_step`` handle (validated once, written by every layer, committed to ``kv_len`` only when
+the forward succeeded) and attention reads the pool through the backend with the step's shared CSR.
 """
 
 from __future__ import annotations
@@ -31,28 +31,30 @@ from .state_step import StateStep
 
 @dataclass(frozen=True)
 class ForwardOutput:
-    """The target's output for a window: float32 ``logits`` ``[B, S, vocab]`` (``[B, 1, vocab]`` when the forward asked
-    for one column per row) and ``hidden`` ``[B, S, D]`` (the last layer's output before the final norm, the MTP
-    head's input); ``states``: the forward's DeltaNet ``StateStep`` on a hybrid model (None otherwise), whose
-    ``rewind`` a verify window needs."""
+    """The target's output for a window: float32 ``logits`` ``[B, S, vocab]`` (``[B, 1, vocab]``
+    when the forward asked for one column per row) and ``hidden`` ``[B, S, D]`` (the last layer's
+    output before the final norm, the MTP head's input); ``states``: the forward's DeltaNet
+    ``StateStep`` on a hybrid model (None otherwise), whose ``rewind`` a verify window needs."""
 
     logits: torch.Tensor  # float32 [B, S, vocab]
-    hidden: torch.Tensor  # [B, S, hidden]: the last decoder layer's output before the final norm (MTP input)
+    # [B, S, hidden]: the last decoder layer's output before the final norm (MTP input)
+    hidden: torch.Tensor
     states: StateStep | None = None
 
 
 @dataclass(frozen=True)
 class DraftOutput:
-    """One MTP draft step's output: float32 ``logits`` ``[B, vocab]`` and the head's ``hidden`` ``[B, D]`` before its
-    norm (the next chained step's input)."""
+    """One MTP draft step's output: float32 ``logits`` ``[B, vocab]`` and the head's ``hidden``
+    ``[B, D]`` before its norm (the next chained step's input)."""
 
     logits: torch.Tensor  # float32 [B, vocab]: at column ``cols[b]`` of each row
-    hidden: torch.Tensor  # [B, hidden]: the MTP head's output (before its norm) at that column (chained input)
+    # [B, hidden]: the MTP head's output (before its norm) at that column (chained input)
+    hidden: torch.Tensor
 
 
 class DecoderModel(nn.Module):
-    """HF's ``model.*`` part: ``embed_tokens``, ``layers`` and ``norm``, as the config's family builds them
-    (``families.family_of``)."""
+    """HF's ``model.*`` part: ``embed_tokens``, ``layers`` and ``norm``, as the config's family
+    builds them (``families.family_of``)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -65,38 +67,46 @@ class DecoderModel(nn.Module):
 class Transformer(nn.Module):
     """A causal LM with HF parameter names (``model.*``, ``lm_head``)."""
 
-    def __init__(self, config: ModelConfig, tp: TensorParallel | None = None, vocab_size: int | None = None) -> None:
+    def __init__(self, config: ModelConfig, tp: TensorParallel | None = None,
+                 vocab_size: int | None = None) -> None:
         super().__init__()
         self.config = config
         self.tp = tp if tp is not None and tp.size > 1 else None  # None: one rank
-        if self.tp is not None and vocab_size is None:  # the shard's size would silently cut every logits row
-            raise ValueError("a tensor-parallel Transformer needs vocab_size, the whole vocabulary (config holds "
-                             "this rank's partition)")
-        self.vocab_size = vocab_size or config.vocab_size  # the whole vocabulary (config has this rank's partition)
-        self.leader: Leader | None = None  # rank 0 of a tensor-parallel group: sends each forward to the followers
+        # the shard's size would silently cut every logits row
+        if self.tp is not None and vocab_size is None:
+            raise ValueError("a tensor-parallel Transformer needs vocab_size, the whole vocabulary "
+                             "(config holds this rank's partition)")
+        # the whole vocabulary (config has this rank's partition)
+        self.vocab_size = vocab_size or config.vocab_size
+        # rank 0 of a tensor-parallel group: sends each forward to the followers
+        self.leader: Leader | None = None
         self.model = DecoderModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.mtp = MtpHead(config) if config.mtp_num_hidden_layers else None
         self._rope = RopeTable()
-        self.register_buffer("inv_freq", rope_inv_freq(config.rotary_dim, config.rope_theta, config.rope_scaling),
+        self.register_buffer("inv_freq", rope_inv_freq(config.rotary_dim, config.rope_theta,
+                                                       config.rope_scaling),
                              persistent=False)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The token embeddings ``[..., D]`` of int64 ``tokens`` (vocabulary-parallel: each rank looks up the tokens
-        of its partition, zeros for the others, and one all-reduce sums them)."""
+        """The token embeddings ``[..., D]`` of int64 ``tokens`` (vocabulary-parallel:
+        each rank looks up the tokens of its partition, zeros for the others, and one
+        all-reduce sums them)."""
         weight = self.model.embed_tokens.weight
         if self.tp is None:
             return F.embedding(tokens, weight)
         local = tokens - self.tp.rank * weight.shape[0]
         mine = (local >= 0) & (local < weight.shape[0])
-        x = F.embedding(local.clamp(0, weight.shape[0] - 1), weight) * mine.unsqueeze(-1).to(weight.dtype)
+        x = (F.embedding(local.clamp(0, weight.shape[0] - 1), weight)
+             * mine.unsqueeze(-1).to(weight.dtype))
         return self.tp.all_reduce(x)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """float32 LM-head logits ``[..., vocab]`` of already-normed hidden states ``x`` (vocabulary-parallel: the
-        ranks' partitions gathered in rank order, the padding past the vocabulary cut)."""
+        """float32 LM-head logits ``[..., vocab]`` of already-normed hidden states ``x``
+        (vocabulary-parallel: the ranks' partitions gathered in rank order, the padding past the
+        vocabulary cut)."""
         out = F.linear(x, self.lm_head.weight).float()
         if self.tp is None:
             return out
@@ -108,22 +118,27 @@ class Transformer(nn.Module):
         return self.model.embed_tokens.weight.dtype
 
     def context(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
-                valid: np.ndarray | None = None, keep_states: bool = False, offsets: np.ndarray | None = None,
+                valid: np.ndarray | None = None, keep_states: bool = False,
+                offsets: np.ndarray | None = None,
                 mask: torch.Tensor | None = None) -> ForwardContext:
-        """A ``ForwardContext`` for a window of ``seqlen`` positions starting at ``start[b]`` of the pool's active rows,
-        with this model's RoPE tables and head geometry; ``valid[b]``: row b's real positions (right padding after);
-        ``keep_states``: keep the DeltaNet state after every position (a verify window); ``offsets`` (int64
-        ``[B, seqlen]``): column s of row b sits at position ``start[b] + offsets[b, s]`` instead of
-        ``start[b] + s``; ``mask``: the attention mask in FlashInfer's ``custom_mask`` layout (bool, row after row:
-        the ``[seqlen, start[b] + seqlen]`` block of which keys each query sees) instead of the causal one."""
+        """A ``ForwardContext`` for a window of ``seqlen`` positions starting at ``start[b]``
+        of the pool's active rows, with this model's RoPE tables and head geometry;
+        ``valid[b]``: row b's real positions (right padding after); ``keep_states``: keep the
+        DeltaNet state after every position (a verify window); ``offsets`` (int64
+        ``[B, seqlen]``): column s of row b sits at position ``start[b] + offsets[b, s]``
+        instead of ``start[b] + s``; ``mask``: the attention mask in FlashInfer's
+        ``custom_mask`` layout (bool, row after row: the ``[seqlen, start[b] + seqlen]`` block
+        of which keys each query sees) instead of the causal one."""
         c = self.config
-        return ForwardContext(pool, backend, start, seqlen, self.rope(start, seqlen, offsets), c.num_attention_heads,
-                              c.num_key_value_heads, c.head_dim, self.dtype, valid, keep_states, self.tp, mask)
+        return ForwardContext(pool, backend, start, seqlen, self.rope(start, seqlen, offsets),
+                              c.num_attention_heads, c.num_key_value_heads, c.head_dim, self.dtype,
+                              valid, keep_states, self.tp, mask)
 
     def rope(self, start: np.ndarray, seqlen: int,
              offsets: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE cos and sin ``[B, S, 1, head_dim]`` of positions ``start[b] + [0, S)`` (or ``start[b] +
-        offsets[b, s]``; from a cached table; sin with its first half negated, see ``RopeTable``)."""
+        """RoPE cos and sin ``[B, S, 1, head_dim]`` of positions ``start[b] + [0, S)`` (or
+        ``start[b] + offsets[b, s]``; from a cached table; sin with its first half negated,
+        see ``RopeTable``)."""
         return self._rope.lookup(start, seqlen, self.get_buffer("inv_freq"), self.dtype, offsets)
 
     @torch.inference_mode()
@@ -131,41 +146,48 @@ class Transformer(nn.Module):
                 backend: AttentionBackend, logit_cols: np.ndarray | None = None,
                 keep_states: bool = False, offsets: np.ndarray | None = None,
                 mask: torch.Tensor | None = None) -> ForwardOutput:
-        """``tokens`` int64 ``[B, S]`` for the pool's active rows at positions ``start[b] + [0, S)``. With
-        ``logit_cols`` (int64 ``[B]``) the LM head runs only at column ``logit_cols[b]`` of each row and ``logits``
-        is ``[B, 1, vocab]`` (a prefill needs the last prompt position's logits alone); ``hidden`` keeps every
-        position. ``keep_states`` (a verify window on a hybrid model): ``ForwardOutput.states`` can ``rewind``.
-        ``offsets`` and ``mask`` (a token-tree verify window: positions by depth, attention to ancestors) as in
-        ``context``; one rank and attention layers only (ValueError otherwise)."""
-        valid = None if logit_cols is None else np.asarray(logit_cols, dtype=np.int64) + 1  # padding follows
-        if (offsets is not None or mask is not None) and (self.leader is not None or pool.state_pools):
-            raise ValueError("token-tree verify windows need a dense model on one rank (no tensor parallelism, no "
-                             "DeltaNet layers)")
-        ctx = self.context(pool, backend, start, tokens.shape[1], valid, keep_states, offsets, mask)  # checks inputs
+        """``tokens`` int64 ``[B, S]`` for the pool's active rows at positions
+        ``start[b] + [0, S)``. With ``logit_cols`` (int64 ``[B]``) the LM head runs only at column
+        ``logit_cols[b]`` of each row and ``logits`` is ``[B, 1, vocab]`` (a prefill needs the last
+        prompt position's logits alone); ``hidden`` keeps every position. ``keep_states`` (a verify
+        window on a hybrid model): ``ForwardOutput.states`` can ``rewind``. ``offsets`` and ``mask``
+        (a token-tree verify window: positions by depth, attention to ancestors) as in ``context``;
+        one rank and attention layers only (ValueError otherwise)."""
+        # padding follows
+        valid = None if logit_cols is None else np.asarray(logit_cols, dtype=np.int64) + 1
+        if ((offsets is not None or mask is not None)
+                and (self.leader is not None or pool.state_pools)):
+            raise ValueError("token-tree verify windows need a dense model on one rank (no tensor "
+                             "parallelism, no DeltaNet layers)")
+        # checks inputs
+        ctx = self.context(pool, backend, start, tokens.shape[1], valid, keep_states, offsets, mask)
         if self.leader is None:
             return self.run(tokens, ctx, logit_cols)
-        with self.leader.forward(pool, tokens, start, logit_cols, keep_states):  # the followers run it too
+        # the followers run it too
+        with self.leader.forward(pool, tokens, start, logit_cols, keep_states):
             return self.run(tokens, ctx, logit_cols)
 
-    def run(self, tokens: torch.Tensor, ctx: LayerContext, logit_cols: np.ndarray | None = None) -> ForwardOutput:
-        """The forward over a prepared context (CUDA-graph runners capture this with static buffers); commits the
-        context's KV write once every layer has run (a forward that raises records nothing). ``logit_cols`` as in
-        ``forward``."""
+    def run(self, tokens: torch.Tensor, ctx: LayerContext,
+            logit_cols: np.ndarray | None = None) -> ForwardOutput:
+        """The forward over a prepared context (CUDA-graph runners capture this with static
+        buffers); commits the context's KV write once every layer has run (a forward that raises
+        records nothing). ``logit_cols`` as in ``forward``."""
         x = self.embed(tokens)
         for layer in self.model.layers:
             x = layer.forward(x, ctx)  # no hooks: skip Module.__call__ (see DecoderLayer.forward)
         h = x
         if logit_cols is not None:
             rows = torch.arange(x.shape[0], device=x.device)
-            h = x[rows, torch.from_numpy(np.asarray(logit_cols, dtype=np.int64)).to(x.device)][:, None]
+            h = x[rows,
+                  torch.from_numpy(np.asarray(logit_cols, dtype=np.int64)).to(x.device)][:, None]
         out = ForwardOutput(self.logits(self.model.norm.forward(h)), x, ctx.states)
         ctx.commit()
         return out
 
     def rewind(self, out: ForwardOutput, kept: np.ndarray) -> None:
-        """After a verify window (``keep_states``) of a hybrid model: each row's DeltaNet state after its last kept
-        position (``StateStep.rewind``; with tensor parallelism every rank's, in order with its pool calls). Nothing
-        for a dense model."""
+        """After a verify window (``keep_states``) of a hybrid model: each row's DeltaNet state
+        after its last kept position (``StateStep.rewind``; with tensor parallelism every rank's, in
+        order with its pool calls). Nothing for a dense model."""
         if out.states is None:
             return
         if self.leader is not None:
@@ -173,15 +195,18 @@ class Transformer(nn.Module):
         out.states.rewind(kept)
 
     @torch.inference_mode()
-    def draft(self, tokens: torch.Tensor, hidden: torch.Tensor, start: np.ndarray, pool: KvCachePool,
-              backend: AttentionBackend, cols: np.ndarray | None = None) -> DraftOutput:
-        """One MTP step over the active rows of the MTP ``pool``: ``tokens`` int64 ``[B, S]`` are the next tokens
-        and ``hidden`` ``[B, S, D]`` the hidden states of MTP positions ``start[b] + [0, S)``; their K/V are
-        written (committed to the MTP pool's ``kv_len`` when the step succeeded). Returns logits and head output at
-        column ``cols[b]`` of each row (default: the last), so padded columns after a row's real ones are never read.
-        RuntimeError without an MTP head."""
+    def draft(self, tokens: torch.Tensor, hidden: torch.Tensor, start: np.ndarray,
+              pool: KvCachePool, backend: AttentionBackend,
+              cols: np.ndarray | None = None) -> DraftOutput:
+        """One MTP step over the active rows of the MTP ``pool``: ``tokens`` int64 ``[B, S]`` are
+        the next tokens and ``hidden`` ``[B, S, D]`` the hidden states of MTP positions
+        ``start[b] + [0, S)``; their K/V are written (committed to the MTP pool's ``kv_len`` when
+        the step succeeded). Returns logits and head output at column ``cols[b]`` of each row
+        (default: the last), so padded columns after a row's real ones are never read. RuntimeError
+        without an MTP head."""
         if self.mtp is None:
-            raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0); it cannot draft")
+            raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0); it cannot "
+                               "draft")
         ctx = self.context(pool, backend, start, tokens.shape[1])  # checks every input
         if self.leader is not None:
             with self.leader.draft(pool, tokens, hidden, start, cols):  # the followers run it too
@@ -189,9 +214,10 @@ class Transformer(nn.Module):
         return self._draft(tokens, hidden, cols, ctx)
 
     @torch.inference_mode()
-    def draft_step(self, tokens: torch.Tensor, hidden: torch.Tensor, ctx: LayerContext) -> DraftOutput:
-        """One MTP step of ``tokens`` ``[B, S]`` and ``hidden`` ``[B, S, D]`` over a prepared context (a
-        ``DraftChain``'s column); logits and head output at the last column."""
+    def draft_step(self, tokens: torch.Tensor, hidden: torch.Tensor,
+                   ctx: LayerContext) -> DraftOutput:
+        """One MTP step of ``tokens`` ``[B, S]`` and ``hidden`` ``[B, S, D]`` over a prepared
+        context (a ``DraftChain``'s column); logits and head output at the last column."""
         return self._draft(tokens, hidden, None, ctx)
 
     def _draft(self, tokens: torch.Tensor, hidden: torch.Tensor, cols: np.ndarray | None,

@@ -1,11 +1,12 @@
-"""Choosing the next token of many rows at once (a decode step's batch, or one row after its prefill).
+"""Choosing the next token of many rows at once (a decode step's batch, or one row after its
+prefill).
 
-Each row keeps its own settings; the work is batched across rows: one pass of every processor over the rows that
-use it (``processors.apply_rows``), one argmax, one ``sampler.probabilities`` per group of rows with the
-same warper settings, one inverse-transform draw for all sampled rows, and one ``log_softmax`` for the rows that
-want logprobs. Each row's uniform comes from its positional randomness (``PositionalRng.uniform``), so a seeded row
-draws the same token whichever rows it is batched with, and the same as a speculative round's target sample at
-that position.
+Each row keeps its own settings; the work is batched across rows: one pass of every processor over
+the rows that use it (``processors.apply_rows``), one argmax, one ``sampler.probabilities`` per
+group of rows with the same warper settings, one inverse-transform draw for all sampled rows, and
+one ``log_softmax`` for the rows that want logprobs. Each row's uniform comes from its positional
+randomness (``PositionalRng.uniform``), so a seeded row draws the same token whichever rows it is
+batched with, and the same as a speculative round's target sample at that position.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ class SamplingRow(Protocol):
 
 
 def processed_rows(seqs: Sequence[SamplingRow], logits: torch.Tensor) -> torch.Tensor:
-    """``logits`` ``[B, V]`` (row b predicting ``seqs[b]``'s next token) after each row's processors; the logits
-    themselves when no row has one."""
+    """``logits`` ``[B, V]`` (row b predicting ``seqs[b]``'s next token) after each row's
+    processors; the logits themselves when no row has one."""
     rows = [b for b, s in enumerate(seqs) if s.processing.active]
     if not rows:
         return logits
@@ -58,10 +59,11 @@ def processed_rows(seqs: Sequence[SamplingRow], logits: torch.Tensor) -> torch.T
     return out
 
 
-def choose_next(seqs: Sequence[SamplingRow], logits: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
-    """For each row b: the token ``seqs[b]`` chooses from ``logits[b]`` (greedy at temperature 0, else drawn with
-    its warpers and generator at its next position) and, when the row asks for logprobs, the raw log-distribution
-    ``[V]`` it was chosen from (for ``Sequence.push``)."""
+def choose_next(seqs: Sequence[SamplingRow],
+                logits: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
+    """For each row b: the token ``seqs[b]`` chooses from ``logits[b]`` (greedy at temperature 0,
+    else drawn with its warpers and generator at its next position) and, when the row asks for
+    logprobs, the raw log-distribution ``[V]`` it was chosen from (for ``Sequence.push``)."""
     processed = processed_rows(seqs, logits)
     tokens = processed.argmax(dim=-1).tolist()
     groups: dict[tuple[float, float, int, float], list[int]] = {}
@@ -69,9 +71,10 @@ def choose_next(seqs: Sequence[SamplingRow], logits: torch.Tensor) -> list[tuple
         if s.temperature > 0:
             groups.setdefault((s.temperature, s.top_p, s.top_k, s.min_p), []).append(b)
     for (temperature, top_p, top_k, min_p), rows in groups.items():
-        probs = probabilities(processed[rows] if len(rows) < len(seqs) else processed, temperature, top_p, top_k,
-                              min_p)
-        drawn = draw(probs, [seqs[b].rng.uniform(len(seqs[b].prompt) + len(seqs[b].tokens)) for b in rows]).tolist()
+        probs = probabilities(processed[rows] if len(rows) < len(seqs) else processed, temperature,
+                              top_p, top_k, min_p)
+        drawn = draw(probs, [seqs[b].rng.uniform(len(seqs[b].prompt) + len(seqs[b].tokens))
+                             for b in rows]).tolist()
         for b, token in zip(rows, drawn):
             tokens[b] = token
     wanting = [b for b, s in enumerate(seqs) if s.logprobs is not None]

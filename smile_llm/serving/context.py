@@ -1,7 +1,8 @@
-"""ServingContext: what the serving layer needs of one loaded model, handed down by the facade (never the facade
-itself): the model runner (with its pool, drafter and draft policy), the tokenizer, the vocabulary, the stop ids,
-the longest request and whether rounds may be token trees. ``ServingContext.request`` (the one validation), ``Sequence``, the ``Scheduler`` and
-the ``ServingLoop`` read it; nothing below the facade calls back up."""
+"""ServingContext: what the serving layer needs of one loaded model, handed down by the facade
+(never the facade itself): the model runner (with its pool, drafter and draft policy), the
+tokenizer, the vocabulary, the stop ids, the longest request and whether rounds may be token trees.
+``ServingContext.request`` (the one validation), ``Sequence``, the ``Scheduler`` and the
+``ServingLoop`` read it; nothing below the facade calls back up."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from .request import AUTO, Request, RequestHandle, SamplingParams, as_listener, 
 
 @dataclass(frozen=True)
 class ServingContext:
-    """One model's serving parts. ``tree_rounds``: speculative rounds may be token trees (the drafter proposes
-    them and the model verifies them: a dense model on one rank)."""
+    """One model's serving parts. ``tree_rounds``: speculative rounds may be token trees (the
+    drafter proposes them and the model verifies them: a dense model on one rank)."""
 
     runner: ModelRunner
     tokenizer: Tokenizer
@@ -49,34 +50,38 @@ class ServingContext:
         return self.runner.drafter
 
     def sequence(self, handle: RequestHandle, request_id: int, matched: int, capacity: int) -> Row:
-        """The scheduler's row for ``handle``'s request, bound in the pool as ``request_id`` with ``matched`` prompt
-        positions from the prefix cache and ``capacity`` positions bound."""
-        return Row(handle, request_id, matched, capacity, tokenizer=self.tokenizer, device=self.device,
+        """The scheduler's row for ``handle``'s request, bound in the pool as ``request_id`` with
+        ``matched`` prompt positions from the prefix cache and ``capacity`` positions bound."""
+        return Row(handle, request_id, matched, capacity,
+                   tokenizer=self.tokenizer, device=self.device,
                    eos_token_ids=self.eos_token_ids, tree_rounds=self.tree_rounds)
 
     def token_ids(self, values: object, name: str) -> list[int]:
-        """``values`` as token ids; ValueError naming the first id outside [0, vocab_size), whatever the id
-        (negative, just past the end, or huge), or naming ``name`` for anything but a 1-D int sequence."""
+        """``values`` as token ids; ValueError naming the first id outside [0, vocab_size), whatever
+        the id (negative, just past the end, or huge), or naming ``name`` for anything but a 1-D int
+        sequence."""
         arr = as_int_array(values, name, non_negative=False)
         bad = (arr < 0) | (arr >= self.vocab_size)
         if bad.any():
-            raise ValueError(f"token {int(arr[bad.argmax()])} is outside the vocabulary [0, {self.vocab_size})")
+            raise ValueError(f"token {int(arr[bad.argmax()])} is outside the vocabulary "
+                             f"[0, {self.vocab_size})")
         return arr.tolist()
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
-        """Token ids of ``prompt`` (text through the tokenizer, or ids checked against the vocabulary). ValueError
-        for an empty prompt or an id outside the vocabulary."""
-        ids = self.token_ids(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt, "prompt")
+        """Token ids of ``prompt`` (text through the tokenizer, or ids checked against the
+        vocabulary). ValueError for an empty prompt or an id outside the vocabulary."""
+        ids = self.token_ids(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt,
+                             "prompt")
         if not ids:
             raise ValueError("the prompt is empty; give at least one token")
         return ids
 
     def speculative_tokens_for(self, requested: int | None) -> int:
-        """Drafts per round for a request: 0 without a drafter or for ``requested == 0``; None means the
-        drafter's default (``drafter.num_speculative_tokens``); at most MAX_SPECULATIVE_TOKENS. ValueError for
-        non-ints."""
-        if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or
-                                      requested < 0):
+        """Drafts per round for a request: 0 without a drafter or for ``requested == 0``; None means
+        the drafter's default (``drafter.num_speculative_tokens``); at most MAX_SPECULATIVE_TOKENS.
+        ValueError for non-ints."""
+        if requested is not None and (isinstance(requested, bool) or
+                                      not isinstance(requested, int) or requested < 0):
             raise ValueError(f"speculative_tokens must be None or an int >= 0, got {requested!r}")
         drafter = self.drafter
         if requested == 0 or drafter is None:
@@ -86,29 +91,31 @@ class ServingContext:
     def request(self, prompt: Any, params: SamplingParams | None = None, *, listener: Any = None,
                 cancel: Any = None, on_round: Any = None) -> Request:
         """Validate and resolve one request for this model: the one place where a prompt and its
-        parameters become a ``Request``, before anything is bound. ValueError/TypeError naming the field: an empty prompt or
-        a token outside the vocabulary (``prompt``), a prompt longer than ``max_seq_len``, a stop id outside the
-        vocabulary (``stop``), ``params`` not a SamplingParams, ``cancel``/``on_round`` not callable, a ``listener``
-        with ``n > 1``, a prompt that is neither a str nor a sequence of token ids (``check_prompt``), a listener
-        that is neither a GenerationListener nor a callable (``as_listener``: a plain callable receives the text
-        chunks)."""
+        parameters become a ``Request``, before anything is bound. ValueError/TypeError naming the
+        field: an empty prompt or a token outside the vocabulary (``prompt``), a prompt longer than
+        ``max_seq_len``, a stop id outside the vocabulary (``stop``), ``params`` not a
+        SamplingParams, ``cancel``/``on_round`` not callable, a ``listener`` with ``n > 1``, a
+        prompt that is neither a str nor a sequence of token ids (``check_prompt``), a listener that
+        is neither a GenerationListener nor a callable (``as_listener``: a plain callable receives
+        the text chunks)."""
         if params is None:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
-            raise RequestTypeError(f"params must be a SamplingParams, got {type(params).__name__} (build one with "
-                            f"SamplingParams(max_new_tokens=..., ...))")
+            raise RequestTypeError(f"params must be a SamplingParams, got {type(params).__name__} "
+                                   "(build one with SamplingParams(max_new_tokens=..., ...))")
         for name, hook in (("cancel", cancel), ("on_round", on_round)):
             if hook is not None and not callable(hook):
                 raise RequestTypeError(f"{name} must be None or a callable, got {hook!r}")
         listener = as_listener(listener)
         if listener is not None and params.n > 1:
-            raise ValueError(f"listener: a request for n={params.n} samples returns them together and takes no "
-                             f"listener; listen to (or stream) one sample at a time with n=1")
+            raise ValueError(f"listener: a request for n={params.n} samples returns them "
+                             "together and takes no listener; listen to (or stream) one sample "
+                             "at a time with n=1")
         check_prompt(prompt)
         ids = self.encode(prompt)
         if len(ids) > self.max_seq_len:
-            raise ValueError(f"prompt of {len(ids)} tokens exceeds max_seq_len {self.max_seq_len}; shorten it or "
-                             f"load the model with a larger max_seq_len")
+            raise ValueError(f"prompt of {len(ids)} tokens exceeds max_seq_len {self.max_seq_len}; "
+                             "shorten it or load the model with a larger max_seq_len")
         vocab = self.vocab_size
         stop_ids, stop_texts = set(self.eos_token_ids), []
         for entry in params.stop_entries():
@@ -116,28 +123,29 @@ class ServingContext:
                 if entry:
                     stop_texts.append(entry)
             elif entry >= vocab:
-                raise ValueError(f"stop entries must be token ids in [0, {vocab}) or strings: got token id {entry}, "
-                                 f"outside the vocabulary")
+                raise ValueError(f"stop entries must be token ids in [0, {vocab}) or strings: got "
+                                 f"token id {entry}, outside the vocabulary")
             else:
                 stop_ids.add(entry)
         if params.draft_tree is not None:
             drafter = self.drafter
             if drafter is None or not callable(getattr(drafter, "propose_tree", None)):
-                raise ValueError(f"draft_tree: this model's drafter ({type(drafter).__name__}) does not propose token "
-                                 f"trees (the MTP, n-gram and draft-model drafters do); drop draft_tree or load "
-                                 f"another drafter")
+                raise ValueError(f"draft_tree: this model's drafter ({type(drafter).__name__}) "
+                                 "does not propose token trees (the MTP, n-gram and draft-model "
+                                 "drafters do); drop draft_tree or load another drafter")
             if not self.tree_rounds:
-                raise ValueError("draft_tree: token trees need a dense model on one rank (no DeltaNet layers, no "
-                                 "tensor parallelism)")
+                raise ValueError("draft_tree: token trees need a dense model on one rank (no "
+                                 "DeltaNet layers, no tensor parallelism)")
             if params.speculative_tokens is None:
                 params = replace(params, speculative_tokens=len(params.draft_tree))
         outside = [t for t in (params.logit_bias or {}) if t >= vocab]
         if outside:
-            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}): got token id {outside[0]}, outside "
-                             f"the vocabulary")
+            raise ValueError(f"logit_bias keys must be token ids in [0, {vocab}): got token id "
+                             f"{outside[0]}, outside the vocabulary")
         adaptive = params.speculative_tokens == AUTO
         requested = params.speculative_tokens
-        drafts = self.speculative_tokens_for(MAX_SPECULATIVE_TOKENS if adaptive or isinstance(requested, str)
-                                              else requested)
-        return Request(ids, params, min(params.max_new_tokens, self.max_seq_len - len(ids)), frozenset(stop_ids),
-                   tuple(stop_texts), drafts, listener, cancel, on_round, adaptive and drafts > 0)
+        drafts = self.speculative_tokens_for(MAX_SPECULATIVE_TOKENS if adaptive or
+                                             isinstance(requested, str) else requested)
+        return Request(ids, params, min(params.max_new_tokens, self.max_seq_len - len(ids)),
+                       frozenset(stop_ids), tuple(stop_texts), drafts, listener, cancel, on_round,
+                       adaptive and drafts > 0)

@@ -1,11 +1,12 @@
 """ModelRunner: the forward passes of generation over sequences bound in the model's pool(s).
 
-``prefill`` (one request's prompt, in chunks) and ``step`` (one forward for a ragged batch: a plain decode, or a
-speculative round for the rows that can draft: the drafter's drafts, one verify forward over each row's window
-``[last, d_0..d_{n-1}]`` or token tree, acceptance, ``truncate_to`` so rejected positions are neither attended nor
-inserted) are used alike by ``LanguageModel.generate`` (one sequence) and the engine (many). Every forward's hidden states
-are reported to the drafter (``drafters.Drafter``: extend / absorb / commit), whichever it is, so drafting stays
-possible after any mix of steps.
+``prefill`` (one request's prompt, in chunks) and ``step`` (one forward for a ragged batch: a plain
+decode, or a speculative round for the rows that can draft: the drafter's drafts, one verify forward
+over each row's window ``[last, d_0..d_{n-1}]`` or token tree, acceptance, ``truncate_to`` so
+rejected positions are neither attended nor inserted) are used alike by ``LanguageModel.generate``
+(one sequence) and the engine (many). Every forward's hidden states are reported to the drafter
+(``drafters.Drafter``: extend / absorb / commit), whichever it is, so drafting stays possible after
+any mix of steps.
 """
 
 from __future__ import annotations
@@ -31,27 +32,34 @@ from ..models.transformer import ForwardOutput, Transformer
 from .cuda_graphs import DecodeGraphRunner, VerifyGraphRunner
 
 PREFILL_CHUNK = 1024  # prompt tokens per forward: bounds activation memory on long prompts
-BATCHED_PREFILL_TOKENS = 256  # a prompt left with at most this many positions may be prefilled with others
-PADDING_WASTE = 1.25  # a padded prefill batch computes at most this many positions per real prompt position,
-PADDING_FREE = 64  # plus this many (short windows cost their per-forward overhead, not their positions)
+# a prompt left with at most this many positions may be prefilled with others
+BATCHED_PREFILL_TOKENS = 256
+# a padded prefill batch computes at most this many positions per real prompt position,
+PADDING_WASTE = 1.25
+# plus this many (short windows cost their per-forward overhead, not their positions)
+PADDING_FREE = 64
 
 
 class ModelRunner:
-    """``decode_graphs`` / ``verify_graphs`` (CUDA only, see ``smile_llm.serving.cuda_graphs``) replay captured forwards
-    for eligible batches; everything else runs eagerly."""
+    """``decode_graphs`` / ``verify_graphs`` (CUDA only, see ``smile_llm.serving.cuda_graphs``)
+    replay captured forwards for eligible batches; everything else runs eagerly."""
 
     def __init__(self, transformer: Transformer, pool: KvCachePool, backend: AttentionBackend,
                  drafter: Drafter | None, decode_graphs: DecodeGraphRunner | None = None,
                  verify_graphs: VerifyGraphRunner | None = None) -> None:
         self.transformer, self.pool, self.backend = transformer, pool, backend
-        self.drafting = GuardedDrafter(drafter, transformer.vocab_size)  # a null drafter without one
+        # a null drafter without one
+        self.drafting = GuardedDrafter(drafter, transformer.vocab_size)
         self.decode_graphs, self.verify_graphs = decode_graphs, verify_graphs
-        self.speculative_max_batch: int | None = None  # a step with more rows decodes plainly; None: no limit
-        self.policy = GuardedPolicy(ThroughputPolicy())  # k per round of rows with speculative_tokens="auto"
+        # a step with more rows decodes plainly; None: no limit
+        self.speculative_max_batch: int | None = None
+        # k per round of rows with speculative_tokens="auto"
+        self.policy = GuardedPolicy(ThroughputPolicy())
 
     @property
     def drafter(self) -> Drafter | None:
-        """The model's drafter (None: plain decoding); setting it wraps the new one (before any request)."""
+        """The model's drafter (None: plain decoding); setting it wraps the new one (before any
+        request)."""
         return self.drafting.user
 
     @drafter.setter
@@ -60,17 +68,20 @@ class ModelRunner:
 
     @property
     def draft_policy(self) -> DraftPolicy:
-        """The policy of rows with ``speculative_tokens="auto"`` (its failures contained by ``policy``)."""
+        """The policy of rows with ``speculative_tokens="auto"`` (its failures contained by
+        ``policy``)."""
         return self.policy.policy
 
     @draft_policy.setter
     def draft_policy(self, policy: DraftPolicy) -> None:
         self.policy = GuardedPolicy(policy)
 
-    def _forward(self, tokens: torch.Tensor, start: np.ndarray, graphs: DecodeGraphRunner | VerifyGraphRunner | None,
+    def _forward(self, tokens: torch.Tensor, start: np.ndarray,
+                 graphs: DecodeGraphRunner | VerifyGraphRunner | None,
                  use_graph: bool, keep_states: bool = False) -> ForwardOutput:
-        """The target forward of the active rows, replayed from a CUDA graph when ``use_graph``; a failed capture
-        turns the runner off and the step runs eagerly. ``keep_states``: see ``Transformer.forward``."""
+        """The target forward of the active rows, replayed from a CUDA graph when ``use_graph``; a
+        failed capture turns the runner off and the step runs eagerly. ``keep_states``: see
+        ``Transformer.forward``."""
         if use_graph and graphs is not None:
             try:
                 return graphs.forward(tokens, start)
@@ -84,16 +95,20 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ prefill
     def prefill(self, seq: Sequence, max_tokens: int | None = None) -> bool:
-        """Prefill up to ``max_tokens`` (default: all) of the prompt positions not yet written, in chunks of at
-        most PREFILL_CHUNK; True once the whole prompt is written (``seq.logits`` then predict the first token)."""
-        end = len(seq.prompt) if max_tokens is None else min(len(seq.prompt), seq.prefilled + max_tokens)
+        """Prefill up to ``max_tokens`` (default: all) of the prompt positions not yet written, in
+        chunks of at most PREFILL_CHUNK; True once the whole prompt is written (``seq.logits`` then
+        predict the first token)."""
+        end = len(seq.prompt) if max_tokens is None else min(len(seq.prompt),
+                                                             seq.prefilled + max_tokens)
         while seq.prefilled < end:
             start, stop = seq.prefilled, min(end, seq.prefilled + PREFILL_CHUNK)
             self._activate([seq])
             x = torch.tensor([seq.prompt[start:stop]], dtype=torch.int64, device=self.pool.device)
-            every = seq.prompt_logprobs is not None  # logits at every prompt position, not just the last
+            # logits at every prompt position, not just the last
+            every = seq.prompt_logprobs is not None
             out = self.transformer(x, np.array([start], dtype=np.int64), self.pool, self.backend,
-                                   logit_cols=None if every else np.array([stop - start - 1], dtype=np.int64))
+                                   logit_cols=None if every else np.array([stop - start - 1],
+                                                                          dtype=np.int64))
             seq.logits = out.logits[:, -1]
             if every:
                 seq.add_prompt_logprobs(out.logits[0], start)
@@ -106,24 +121,27 @@ class ModelRunner:
         return seq.prefilled == len(seq.prompt)
 
     def prefill_batch(self, seqs: list[Sequence]) -> None:
-        """Prefill the unwritten prompt parts of several sequences (none asking for prompt logprobs) in one forward
-        (their logits then predict each first token). Rows may start at different positions (different prefix hits) and have different lengths:
-        each window is right-padded to the longest, and the padding's K/V is sealed off with ``truncate_to`` (as a
-        verify round seals rejected drafts), so every row keeps exactly its prompt. ValueError unless every row has
-        1..PREFILL_CHUNK prompt positions left and room for its padding (``padded_prefill_fits``)."""
+        """Prefill the unwritten prompt parts of several sequences (none asking for prompt logprobs)
+        in one forward (their logits then predict each first token). Rows may start at different
+        positions (different prefix hits) and have different lengths: each window is right-padded to
+        the longest, and the padding's K/V is sealed off with ``truncate_to`` (as a verify round
+        seals rejected drafts), so every row keeps exactly its prompt. ValueError unless every row
+        has 1..PREFILL_CHUNK prompt positions left and room for its padding
+        (``padded_prefill_fits``)."""
         if not seqs:
             return
         start = np.array([s.prefilled for s in seqs], dtype=np.int64)
         rem = np.array([len(s.prompt) for s in seqs], dtype=np.int64) - start
         if not self.padded_prefill_fits(seqs):
-            raise ValueError(f"prefill_batch needs 1..{PREFILL_CHUNK} prompt positions left per row and room for "
-                             f"the padding, got remainders {rem.tolist()}")
+            raise ValueError(f"prefill_batch needs 1..{PREFILL_CHUNK} prompt positions left per "
+                             f"row and room for the padding, got remainders {rem.tolist()}")
         width = int(rem.max())
         self._activate(seqs)
         tokens = torch.zeros(len(seqs), width, dtype=torch.int64)
         for b, seq in enumerate(seqs):
             tokens[b, : rem[b]] = torch.tensor(seq.prompt[seq.prefilled :])
-        out = self.transformer(tokens.to(self.pool.device), start, self.pool, self.backend, logit_cols=rem - 1)
+        out = self.transformer(tokens.to(self.pool.device), start, self.pool, self.backend,
+                               logit_cols=rem - 1)
         self.pool.truncate_to(start + rem, start + width)
         for b, seq in enumerate(seqs):
             seq.logits = out.logits[b : b + 1, 0]
@@ -136,9 +154,9 @@ class ModelRunner:
 
     @staticmethod
     def padded_prefill_fits(seqs: list[Sequence]) -> bool:
-        """Whether ``prefill_batch`` can take ``seqs``: each has 1..PREFILL_CHUNK prompt positions left, its
-        padding to the longest stays inside its bound capacity, and none asks for prompt logprobs (those prefill
-        alone, with logits at every position)."""
+        """Whether ``prefill_batch`` can take ``seqs``: each has 1..PREFILL_CHUNK prompt positions
+        left, its padding to the longest stays inside its bound capacity, and none asks for prompt
+        logprobs (those prefill alone, with logits at every position)."""
         rem = [len(s.prompt) - s.prefilled for s in seqs]
         width = max(rem, default=0)
         return bool(seqs) and min(rem) >= 1 and width <= PREFILL_CHUNK and \
@@ -146,9 +164,9 @@ class ModelRunner:
 
     @staticmethod
     def padded_prefill_groups(seqs: list[Sequence]) -> list[list[Sequence]]:
-        """``seqs`` split into groups ``prefill_batch`` can take, shortest remainders first, each computing at
-        most ``PADDING_WASTE * real + PADDING_FREE`` positions for its ``real`` prompt positions (a group of one is a
-        plain ``prefill``)."""
+        """``seqs`` split into groups ``prefill_batch`` can take, shortest remainders first, each
+        computing at most ``PADDING_WASTE * real + PADDING_FREE`` positions for its ``real`` prompt
+        positions (a group of one is a plain ``prefill``)."""
         groups: list[list[Sequence]] = []
         real = 0
         for seq in sorted(seqs, key=lambda s: len(s.prompt) - s.prefilled):
@@ -164,8 +182,9 @@ class ModelRunner:
         return groups
 
     def prefill_together(self, seqs: list[Sequence]) -> None:
-        """Prefill the whole remaining prompts of ``seqs`` in as few forwards as the padding rules allow
-        (``padded_prefill_groups``; a group of one is a plain ``prefill``). The callers then take each first token."""
+        """Prefill the whole remaining prompts of ``seqs`` in as few forwards as the padding rules
+        allow (``padded_prefill_groups``; a group of one is a plain ``prefill``). The callers then
+        take each first token."""
         for group in self.padded_prefill_groups(seqs):
             if len(group) == 1:
                 self.prefill(group[0])
@@ -174,12 +193,13 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ one step for a batch
     def step(self, seqs: list[Sequence]) -> None:
-        """Advance every sequence by one forward: rows that can draft speculate (grouped by draft count, one
-        round per group; rows with ``speculative_tokens="auto"`` get their count or tree shape from
-        ``draft_policy``; rows whose tree (the policy's, or the whole ``draft_tree``) fits take a token-tree round,
-        grouped by shape), the others take a plain step together,
-        as do rows whose drafter failed this round. A step of more than ``speculative_max_batch`` rows is all plain
-        (the drafter keeps absorbing their forwards, so drafting resumes when the batch shrinks)."""
+        """Advance every sequence by one forward: rows that can draft speculate (grouped by draft
+        count, one round per group; rows with ``speculative_tokens="auto"`` get their count or tree
+        shape from ``draft_policy``; rows whose tree (the policy's, or the whole ``draft_tree``)
+        fits take a token-tree round, grouped by shape), the others take a plain step together, as
+        do rows whose drafter failed this round. A step of more than ``speculative_max_batch`` rows
+        is all plain (the drafter keeps absorbing their forwards, so drafting resumes when the batch
+        shrinks)."""
         groups: dict[int, list[Sequence]] = {}
         trees: dict[tuple[int, ...], list[Sequence]] = {}
         plain = []
@@ -195,10 +215,12 @@ class ModelRunner:
                 plain.append(s)
             elif isinstance(choice, tuple) and s.tree_fits(choice):  # the policy's tree
                 trees.setdefault(choice, []).append(s)
-            elif not s.adaptive and s.draft_tree is not None and s.tree_fits():  # the request's tree
+            elif not s.adaptive and s.draft_tree is not None and s.tree_fits():
+                # the request's tree
                 trees.setdefault(s.draft_tree, []).append(s)
             else:  # a linear round (a tree that does not fit drafts its chain)
-                groups.setdefault(len(choice) if isinstance(choice, tuple) else choice, []).append(s)
+                groups.setdefault(len(choice) if isinstance(choice, tuple) else choice,
+                                  []).append(s)
         for n, group in sorted(groups.items()):
             size = self.drafting.max_batch(n)
             for i in range(0, len(group), size):
@@ -206,13 +228,16 @@ class ModelRunner:
                 t0 = time.perf_counter()
                 proposal = self.drafting.propose(chunk, n)
                 if proposal is None:
-                    plain.extend(chunk)  # the drafter failed this round: these rows take a plain step
+                    # the drafter failed this round: these rows take a plain step
+                    plain.extend(chunk)
                     continue
                 t1 = time.perf_counter()
                 results = self._verify(chunk, n, *proposal)
-                rows = [b for b, s in enumerate(chunk) if s.adaptive]  # the policy hears of its own rows only
+                # the policy hears of its own rows only
+                rows = [b for b, s in enumerate(chunk) if s.adaptive]
                 if rows:
-                    self.policy.observe_round([chunk[b] for b in rows], n, [results[b].num_accepted for b in rows],
+                    self.policy.observe_round([chunk[b] for b in rows], n,
+                                              [results[b].num_accepted for b in rows],
                                               t1 - t0, time.perf_counter() - t1)
         for branching, group in trees.items():
             size = self.drafting.max_batch(len(branching))
@@ -225,12 +250,15 @@ class ModelRunner:
                     continue
                 t1 = time.perf_counter()
                 accepted = self._verify_tree(chunk, branching, tree)
-                rows = [b for b, s in enumerate(chunk) if s.adaptive]  # the policy hears of its own rows only
+                # the policy hears of its own rows only
+                rows = [b for b, s in enumerate(chunk) if s.adaptive]
                 if rows:
                     self.policy.observe_tree([chunk[b] for b in rows], branching,
-                                             [tree.walk(b, accepted[b].slots) for b in rows], t1 - t0,
-                                             time.perf_counter() - t1)
-        if plain:  # eager while rows speculate: a decode replay after verify replays in one step is untested on a GPU
+                                             [tree.walk(b, accepted[b].slots) for b in rows],
+                                             t1 - t0, time.perf_counter() - t1)
+        # eager while rows speculate: a decode replay after verify replays in one step is untested
+        # on a GPU
+        if plain:
             t0 = time.perf_counter()
             self.decode(plain, allow_graph=not groups and not trees)
             if any(s.adaptive for s in plain):
@@ -238,49 +266,60 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ plain step
     def decode(self, seqs: list[Sequence], allow_graph: bool = True) -> None:
-        """One plain step for every sequence: forward its last token, then sample and append the next one."""
+        """One plain step for every sequence: forward its last token, then sample and append the
+        next one."""
         self._activate(seqs)
-        tokens = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64, device=self.pool.device)
+        tokens = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64,
+                              device=self.pool.device)
         start = np.array([s.last_pos for s in seqs], dtype=np.int64)
         graphs = self.decode_graphs
-        out = self._forward(tokens, start, graphs, allow_graph and graphs is not None and graphs.eligible(start))
+        out = self._forward(tokens, start, graphs,
+                            allow_graph and graphs is not None and graphs.eligible(start))
         logits = out.logits[:, -1]
         for b, seq in enumerate(seqs):
             seq.logits = logits[b : b + 1]
             seq.forwards += 1
             self.drafting.extend(seq, out.hidden[b], int(start[b]))
-        for seq, (token, logp) in zip(seqs, choose_next(seqs, logits)):  # the choice batched across rows
+        # the choice batched across rows
+        for seq, (token, logp) in zip(seqs, choose_next(seqs, logits)):
             seq.push(token, logp)
 
     # ------------------------------------------------------------------ speculative round
     def _verify(self, seqs: list[Sequence], n: int, drafts: torch.Tensor,
                 draft_probs: torch.Tensor | None) -> list[AcceptResult]:
-        """Verify ``drafts`` ``[B, n]`` in one forward, accept per row, seal the accepted KV, append the tokens."""
+        """Verify ``drafts`` ``[B, n]`` in one forward, accept per row, seal the accepted KV, append
+        the tokens."""
         drafts = drafts.to(self.pool.device)
         draft_probs = None if draft_probs is None else draft_probs.to(self.pool.device)
         self._activate(seqs)
-        last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64, device=self.pool.device)
+        last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64,
+                            device=self.pool.device)
         start = np.array([s.last_pos for s in seqs], dtype=np.int64)
         graphs = self.verify_graphs
         out = self._forward(torch.cat([last, drafts], dim=1), start, graphs,
                             graphs is not None and graphs.eligible(len(seqs)), keep_states=True)
-        results = [accept_window(seq, drafts[b], None if draft_probs is None else draft_probs[b], out.logits[b])
-                   for b, seq in enumerate(seqs)]
+        results = [accept_window(seq, drafts[b], None if draft_probs is None else draft_probs[b],
+                                 out.logits[b]) for b, seq in enumerate(seqs)]
         kept = np.array([r.num_accepted for r in results], dtype=np.int64)
-        self.pool.truncate_to(start + 1 + kept, start + n + 1)  # KV of the window's kept positions stays
-        self.transformer.rewind(out, kept)  # a hybrid model: each row's DeltaNet state after its last kept position
+        # KV of the window's kept positions stays
+        self.pool.truncate_to(start + 1 + kept, start + n + 1)
+        # a hybrid model: each row's DeltaNet state after its last kept position
+        self.transformer.rewind(out, kept)
         drafted = drafts.tolist()
         for b, (seq, res) in enumerate(zip(seqs, results)):
-            kept_rows = slice(0, res.num_tokens)  # the window's kept positions: the last token and the kept drafts
-            self._append_round(seq, RoundRecord(int(start[b]), n, tuple(drafted[b]), res.num_accepted, res.tokens),
+            # the window's kept positions: the last token and the kept drafts
+            kept_rows = slice(0, res.num_tokens)
+            self._append_round(seq, RoundRecord(int(start[b]), n, tuple(drafted[b]),
+                                                res.num_accepted, res.tokens),
                                n, out.hidden[b, kept_rows], out.logits[b, kept_rows])
         return results
 
     def _append_round(self, seq: Sequence, record: RoundRecord, proposed: int, hidden: torch.Tensor,
                       logits: torch.Tensor) -> None:
-        """Book one verified round of ``seq`` (counters, its ``on_round`` hook), give the drafter the true hidden
-        rows of the kept positions (``hidden`` ``[kept + 1, D]``) and append the round's tokens, each with the raw
-        log-distribution of its position (``logits`` ``[kept + 1, V]``) when the request wants logprobs."""
+        """Book one verified round of ``seq`` (counters, its ``on_round`` hook), give the drafter
+        the true hidden rows of the kept positions (``hidden`` ``[kept + 1, D]``) and append the
+        round's tokens, each with the raw log-distribution of its position (``logits``
+        ``[kept + 1, V]``) when the request wants logprobs."""
         seq.forwards += 1
         seq.rounds += 1
         seq.proposed += proposed
@@ -294,19 +333,22 @@ class ModelRunner:
                 break
 
     # ------------------------------------------------------------------ token-tree round
-    def _verify_tree(self, seqs: list[Sequence], branching: tuple[int, ...], tree: DraftTree) -> list[TreeAccept]:
-        """Verify ``tree`` in one forward with the tree mask, accept the longest path the target follows
-        (``draft_tree.accept_tree``), move the accepted nodes' KV to consecutive positions, seal the rest
-        (``truncate_to``) and append the tokens."""
+    def _verify_tree(self, seqs: list[Sequence], branching: tuple[int, ...],
+                     tree: DraftTree) -> list[TreeAccept]:
+        """Verify ``tree`` in one forward with the tree mask, accept the longest path the target
+        follows (``draft_tree.accept_tree``), move the accepted nodes' KV to consecutive positions,
+        seal the rest (``truncate_to``) and append the tokens."""
         tokens = tree.tokens.to(self.pool.device)
         m = tree.size
         self._activate(seqs)
-        last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64, device=self.pool.device)
+        last = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64,
+                            device=self.pool.device)
         start = np.array([s.last_pos for s in seqs], dtype=np.int64)
         out = self.transformer(torch.cat([last, tokens], dim=1), start, self.pool, self.backend,
                                offsets=tree.depths(), mask=window_mask(tree, start))
         depths = tree.depths()
-        results = [accept_tree_row(seq, tree, b, depths[b], out.logits[b]) for b, seq in enumerate(seqs)]
+        results = [accept_tree_row(seq, tree, b, depths[b], out.logits[b])
+                   for b, seq in enumerate(seqs)]
         kept = np.array([r.num_accepted for r in results], dtype=np.int64)
         width = int(kept.max(initial=0))
         if width:  # the accepted nodes' KV to positions start + 1 .. start + kept, in path order
@@ -320,7 +362,8 @@ class ModelRunner:
         for b, (seq, res) in enumerate(zip(seqs, results)):
             path = [0, *res.slots]  # the root and the accepted nodes, in path order
             own = tree.row_size(b)  # the row's drafts, without the batch's padding
-            record = RoundRecord(int(start[b]), own, tuple(drafted[b][:own]), res.num_accepted, res.tokens,
-                                 tuple(int(p) for p in tree.parents[b, :own]))
-            self._append_round(seq, record, len(branching), out.hidden[b, path], out.logits[b, path])
+            record = RoundRecord(int(start[b]), own, tuple(drafted[b][:own]), res.num_accepted,
+                                 res.tokens, tuple(int(p) for p in tree.parents[b, :own]))
+            self._append_round(seq, record, len(branching), out.hidden[b, path],
+                               out.logits[b, path])
         return results

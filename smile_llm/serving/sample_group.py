@@ -1,9 +1,10 @@
 """SampleGroup: the handle of a request for ``n > 1`` samples of one prompt.
 
-The request becomes ``n`` ordinary requests (``SamplingParams.sample(i)``: sample 0 keeps the seed, the others get
-derived seeds), queued together on the one scheduler. The first computes the prompt and caches it; the others wait
-for that prefill (the scheduler's in-batch prefix sharing) and bind on the cached prompt, so its KV is computed once
-and shared by every sample (only the positions after its last full page are recomputed per sample).
+The request becomes ``n`` ordinary requests (``SamplingParams.sample(i)``: sample 0 keeps the seed,
+the others get derived seeds), queued together on the one scheduler. The first computes the prompt
+and caches it; the others wait for that prefill (the scheduler's in-batch prefix sharing) and bind
+on the cached prompt, so its KV is computed once and shared by every sample (only the positions
+after its last full page are recomputed per sample).
 """
 
 from __future__ import annotations
@@ -21,16 +22,18 @@ if TYPE_CHECKING:
 
 
 def sample_requests(request: Request) -> list[Request]:
-    """The ``n`` one-sample requests of ``request`` (prompt logprobs are computed by sample 0 only)."""
+    """The ``n`` one-sample requests of ``request`` (prompt logprobs are computed by sample 0
+    only)."""
     if request.params.n == 1:
         return [request]
     return [replace(request, params=request.params.sample(i)) for i in range(request.params.n)]
 
 
 class SampleGroup:
-    """The ``n`` samples of one request, future-like like ``RequestHandle`` and safe from any thread: ``result()``
-    is the list of their Completions in sample order (each carrying the prompt's ``prompt_logprobs`` when asked
-    for). If one sample fails, ``result()`` cancels the others and raises that error."""
+    """The ``n`` samples of one request, future-like like ``RequestHandle`` and safe from any
+    thread: ``result()`` is the list of their Completions in sample order (each carrying the
+    prompt's ``prompt_logprobs`` when asked for). If one sample fails, ``result()`` cancels the
+    others and raises that error."""
 
     def __init__(self, request: Request, handles: list[RequestHandle]) -> None:
         self.request = request
@@ -43,18 +46,20 @@ class SampleGroup:
         return all(h.done() for h in self.handles)
 
     def result(self, timeout: float | None = None) -> list[Completion]:
-        """The samples' Completions; raises the first error among them (the other samples are then cancelled), or
-        TimeoutError when the samples are not all done within ``timeout`` seconds overall."""
+        """The samples' Completions; raises the first error among them (the other samples are then
+        cancelled), or TimeoutError when the samples are not all done within ``timeout`` seconds
+        overall."""
         error = self.exception(timeout)
         if error is not None:
             raise error
         out = [h.result(0) for h in self.handles]
         prompt_logprobs = out[0].prompt_logprobs
-        return [c if i == 0 else replace(c, prompt_logprobs=prompt_logprobs) for i, c in enumerate(out)]
+        return [c if i == 0 else replace(c, prompt_logprobs=prompt_logprobs)
+                for i, c in enumerate(out)]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        """The first sample's error (the rest are then cancelled), or None once all completed; waits like
-        ``result``."""
+        """The first sample's error (the rest are then cancelled), or None once all completed; waits
+        like ``result``."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for h in self.handles:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -65,11 +70,13 @@ class SampleGroup:
         return None
 
     def cancel(self) -> bool:
-        """Cancel every sample still running; True if any was (their KV is released when this returns)."""
+        """Cancel every sample still running; True if any was (their KV is released when this
+        returns)."""
         return any([h.cancel() for h in self.handles])
 
     def add_done_callback(self, fn: Callable[[SampleGroup], None]) -> None:
-        """Call ``fn(group)`` once every sample is done (on the thread that ends the last one, or at once)."""
+        """Call ``fn(group)`` once every sample is done (on the thread that ends the last one, or at
+        once)."""
         left = [len(self.handles)]
         lock = threading.Lock()
 

@@ -1,28 +1,33 @@
 """Scheduler: the one owner of every request's life in the model's pools, whoever submitted it.
 
-``generate``, ``generate_batch``, ``InferenceEngine`` and the JVM all queue validated requests here (through the
-model's ``ServingLoop``); only the scheduler binds, prefills, steps, preempts, finishes and releases. Each ``step``:
+``generate``, ``generate_batch``, ``InferenceEngine`` and the JVM all queue validated requests here
+(through the model's ``ServingLoop``); only the scheduler binds, prefills, steps, preempts, finishes
+and releases. Each ``step``:
 
-1. applies cancellations (``RequestHandle.cancel`` from a listener, a request's ``cancel`` hook returning True);
-2. admits: first resumes preempted rows (oldest first), then binds queued requests first come, first served with
-   ``bind_request`` (prefix reuse; capacity for the prompt plus ``ADMIT_DECODE_TOKENS``), while the batch has room
-   and the pool has pages; a request that does not fit waits, one that can never fit fails with KvCacheExhaustedError;
-3. prefills up to ``prefill_tokens_per_step`` prompt tokens (chunked; whole short remainders together in padded
-   forwards);
+1. applies cancellations (``RequestHandle.cancel`` from a listener, a request's ``cancel`` hook
+   returning True);
+2. admits: first resumes preempted rows (oldest first), then binds queued requests first come, first
+   served with ``bind_request`` (prefix reuse; capacity for the prompt plus
+   ``ADMIT_DECODE_TOKENS``), while the batch has room and the pool has pages; a request that does
+   not fit waits, one that can never fit fails with KvCacheExhaustedError;
+3. prefills up to ``prefill_tokens_per_step`` prompt tokens (chunked; whole short remainders
+   together in padded forwards);
 4. reserves each decoding row's next window: a row's capacity grows ``GROW_DECODE_TOKENS`` at a time
-   (``grow_request``); when the pool is short, the most recently admitted running row is preempted (its private KV
-   offloaded to host memory with ``offload_request``, restored byte-identical later, so its output is unchanged);
-5. advances every decoding row by one forward (``ModelRunner.step``: speculative rounds where rows draft);
-6. finishes rows that are done (``finish_request`` inserts their KV into the prefix tree) and fails rows whose
-   hooks raised, alone.
+   (``grow_request``); when the pool is short, the most recently admitted running row is preempted
+   (its private KV offloaded to host memory with ``offload_request``, restored byte-identical later,
+   so its output is unchanged);
+5. advances every decoding row by one forward (``ModelRunner.step``: speculative rounds where rows
+   draft);
+6. finishes rows that are done (``finish_request`` inserts their KV into the prefix tree) and fails
+   rows whose hooks raised, alone.
 
-An exception of a shared forward fails the rows of that forward (their KV is evicted) and nothing else. Not
-thread-safe: the ``ServingLoop`` serialises calls.
+An exception of a shared forward fails the rows of that forward (their KV is evicted) and nothing
+else. Not thread-safe: the ``ServingLoop`` serialises calls.
 
-In-batch prefix sharing (SGLang's in-batch prefix caching check): a request whose prompt shares at least
-SHARE_MIN_TOKENS uncached tokens with a running row that is still prefilling waits (with everything behind it)
-until that prompt is written and cached, then binds and matches it. A burst with one new system prompt computes it
-once.
+In-batch prefix sharing (SGLang's in-batch prefix caching check): a request whose prompt shares at
+least SHARE_MIN_TOKENS uncached tokens with a running row that is still prefilling waits (with
+everything behind it) until that prompt is written and cached, then binds and matches it. A burst
+with one new system prompt computes it once.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ if TYPE_CHECKING:
 SHARE_MIN_TOKENS = 32  # a shared uncached run this long is worth waiting one prefill for
 ADMIT_DECODE_TOKENS = 64  # decode positions bound with the prompt at admission
 GROW_DECODE_TOKENS = 64  # positions added to a decoding row's capacity at a time
-DEFAULT_MAX_RUNNING = 64  # requests advanced together unless an InferenceEngine sets another batch size
+# requests advanced together unless an InferenceEngine sets another batch size
+DEFAULT_MAX_RUNNING = 64
 
 
 def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
@@ -56,9 +62,10 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class Scheduler:
-    """Admission, stepping, preemption and release of every request of one model (see the module docstring).
-    ``max_running`` bounds the rows advanced together; ``prefill_tokens_per_step`` the prompt tokens prefilled per
-    step. A queued request is its handle; once bound it is its ``Sequence`` (which holds the handle)."""
+    """Admission, stepping, preemption and release of every request of one model (see the module
+    docstring). ``max_running`` bounds the rows advanced together; ``prefill_tokens_per_step`` the
+    prompt tokens prefilled per step. A queued request is its handle; once bound it is its
+    ``Sequence`` (which holds the handle)."""
 
     def __init__(self, context: ServingContext, max_running: int = DEFAULT_MAX_RUNNING,
                  prefill_tokens_per_step: int = PREFILL_CHUNK) -> None:
@@ -68,9 +75,11 @@ class Scheduler:
         self.waiting: deque[RequestHandle] = deque()  # queued, first come first served
         self.running: list[Sequence] = []  # bound and resident, in admission order
         self.preempted: list[Sequence] = []  # bound, private KV offloaded, in admission order
-        self._bound: dict[RequestHandle, Sequence] = {}  # every running or preempted row, by its handle
+        # every running or preempted row, by its handle
+        self._bound: dict[RequestHandle, Sequence] = {}
         self.preemptions = 0
-        self.ended = 0  # requests ended so far (completed, failed or cancelled): waiters need waking when it moves
+        # requests ended so far (completed, failed or cancelled): waiters need waking when it moves
+        self.ended = 0
         self._admissions = itertools.count(1)
 
     # ------------------------------------------------------------------ queries
@@ -98,7 +107,8 @@ class Scheduler:
         if decoding:
             try:
                 self.context.runner.step(decoding)
-            except Exception as exc:  # a failed shared forward: its rows' KV may be partial, evict them
+            except Exception as exc:
+                # a failed shared forward: its rows' KV may be partial, evict them
                 for seq in decoding:
                     self.end(seq.handle, error=exc, insert=False)
         self._finish_done()
@@ -106,8 +116,9 @@ class Scheduler:
 
     # ------------------------------------------------------------------ admission
     def admit(self) -> None:
-        """Resume preempted rows (oldest first), then bind queued requests first come, first served, while the batch
-        has room and the pool has pages. A request that can never fit the pool fails with KvCacheExhaustedError."""
+        """Resume preempted rows (oldest first), then bind queued requests first come, first served,
+        while the batch has room and the pool has pages. A request that can never fit the pool fails
+        with KvCacheExhaustedError."""
         pool = self.context.pool
         while self.preempted and len(self.running) < self.max_running:
             seq = self.preempted[0]
@@ -127,27 +138,32 @@ class Scheduler:
             if self._pages(final_len) * pool.page_size > total:
                 self.waiting.popleft()
                 self.end(handle, error=KvCacheExhaustedError(
-                    f"a request of {len(req.prompt)} prompt tokens and up to {req.limit} new ones needs "
-                    f"{self._pages(final_len)} pages; the pool has {total // pool.page_size} in all"))
+                    f"a request of {len(req.prompt)} prompt tokens and up to {req.limit} "
+                    f"new ones needs {self._pages(final_len)} pages; the pool has "
+                    f"{total // pool.page_size} in all"))
                 continue
             if self.shares_a_prefill(req.prompt, req.params.prompt_logprobs is not None):
                 break  # bind it once that prompt is cached (FCFS: the requests behind it wait too)
             capacity = min(final_len, len(req.prompt) + ADMIT_DECODE_TOKENS)
             try:
-                rid = pool.bind_request(req.prompt, capacity, reuse_prefix=req.params.prompt_logprobs is None)
+                rid = pool.bind_request(req.prompt, capacity,
+                                        reuse_prefix=req.params.prompt_logprobs is None)
             except KvCacheExhaustedError as exc:
-                if not self.running and not self.preempted:  # nothing will free pages: it never fits
+                # nothing will free pages: it never fits
+                if not self.running and not self.preempted:
                     self.waiting.popleft()
                     self.end(handle, error=exc)
                     continue
                 break
             self.waiting.popleft()
             bound = self._pages(capacity) * pool.page_size
-            seq = self.context.sequence(handle, rid, pool.matched_prefix_len(rid), min(bound, final_len))
+            seq = self.context.sequence(handle, rid, pool.matched_prefix_len(rid),
+                                        min(bound, final_len))
             seq.admitted = next(self._admissions)
             self._bound[handle] = seq
             if seq.speculative_tokens:
-                # a full draft pool only means this request decodes plainly; so does a drafter that raises
+                # a full draft pool only means this request decodes plainly; so does a drafter that
+                # raises
                 self.context.runner.drafting.bind(seq, final_len)
             self._run(seq)
             seq.notify("on_input_tokens", len(req.prompt))
@@ -162,10 +178,11 @@ class Scheduler:
         self.running.sort(key=lambda s: s.admitted)
 
     def shares_a_prefill(self, prompt_ids: list[int], wants_prompt_logprobs: bool = False) -> bool:
-        """Whether a queued prompt shares at least SHARE_MIN_TOKENS positions beyond the matched prefix with a
-        running row still prefilling (positions that row computes and will cache). On a pool with per-request state
-        (a hybrid model) a match can only end where the other prompt's state snapshot will be, at the last page
-        boundary of that prompt, so the request waits only when it shares that much."""
+        """Whether a queued prompt shares at least SHARE_MIN_TOKENS positions beyond the matched
+        prefix with a running row still prefilling (positions that row computes and will cache). On
+        a pool with per-request state (a hybrid model) a match can only end where the other prompt's
+        state snapshot will be, at the last page boundary of that prompt, so the request waits only
+        when it shares that much."""
         pool = self.context.pool
         if not pool.prefix_reuse_enabled or wants_prompt_logprobs:
             return False  # (a request for prompt logprobs computes its whole prompt anyway)
@@ -182,19 +199,22 @@ class Scheduler:
 
     # ------------------------------------------------------------------ prefill
     def _prefill(self) -> list[Sequence]:
-        """Prefill within the step's budget, first come, first served; returns the rows that decode this step."""
+        """Prefill within the step's budget, first come, first served; returns the rows that decode
+        this step."""
         runner = self.context.runner
         budget = self.prefill_tokens_per_step
         decoding: list[Sequence] = []
         whole: list[Sequence] = []
         for seq in list(self.running):
             if seq.remaining == 0:
-                continue  # finished, or asked for no tokens: ended by _finish_done without a forward
+                # finished, or asked for no tokens: ended by _finish_done without a forward
+                continue
             if seq.prefilled < len(seq.prompt):
                 left = len(seq.prompt) - seq.prefilled
                 if budget <= 0:
                     continue
-                if left <= min(budget, BATCHED_PREFILL_TOKENS):  # prefilled below, with the others like it
+                # prefilled below, with the others like it
+                if left <= min(budget, BATCHED_PREFILL_TOKENS):
                     whole.append(seq)
                     budget -= left
                     continue
@@ -219,14 +239,16 @@ class Scheduler:
         return decoding
 
     def _prefilled(self, seq: Sequence) -> None:
-        """A whole prompt is written: take the first token and cache the prompt, so later binds can match it."""
+        """A whole prompt is written: take the first token and cache the prompt, so later binds can
+        match it."""
         seq.take_next()
         self.context.pool.cache_prefix(seq.request_id, seq.prompt)
 
     # ------------------------------------------------------------------ capacity and preemption
     def _reserve(self, decoding: list[Sequence]) -> list[Sequence]:
-        """Grow each decoding row's capacity to hold its next window (oldest rows first), preempting the most
-        recently admitted running rows while the pool is short. Returns the rows that decode this step."""
+        """Grow each decoding row's capacity to hold its next window (oldest rows first), preempting
+        the most recently admitted running rows while the pool is short. Returns the rows that
+        decode this step."""
         pool = self.context.pool
         for seq in sorted(decoding, key=lambda s: s.admitted):
             if seq not in self.running:
@@ -245,8 +267,8 @@ class Scheduler:
                 victim = self.running[-1]
                 if victim is seq and len(self.running) == 1:
                     self.end(seq.handle, error=KvCacheExhaustedError(
-                        f"request {seq.handle.request_number} needs a page more at position {need} and no other "
-                        f"request can make room"), insert=False)
+                        f"request {seq.handle.request_number} needs a page more at position {need} "
+                        "and no other request can make room"), insert=False)
                     break
                 self.preempt(victim)
                 if victim is seq:
@@ -254,8 +276,9 @@ class Scheduler:
         return [seq for seq in decoding if seq in self.running and not seq.finished]
 
     def preempt(self, seq: Sequence) -> None:
-        """Pause a running row: offload its private KV to host memory (``offload_request``; restored byte-identical
-        by ``admit``) and move it to the preempted list. Its draft history stays bound."""
+        """Pause a running row: offload its private KV to host memory (``offload_request``; restored
+        byte-identical by ``admit``) and move it to the preempted list. Its draft history stays
+        bound."""
         seq.offload = self.context.pool.offload_request(seq.request_id)
         self.running.remove(seq)
         self.preempted.append(seq)
@@ -265,22 +288,25 @@ class Scheduler:
 
     # ------------------------------------------------------------------ ending requests
     def _finish_done(self) -> None:
-        """Complete finished rows, fail rows whose hooks raised, apply cancellations made during the step."""
+        """Complete finished rows, fail rows whose hooks raised, apply cancellations made during the
+        step."""
         for seq in list(self.running):
             if seq.error is not None:
                 self.end(seq.handle, error=seq.error)
             elif seq.handle.cancel_requested:
                 self.cancel(seq.handle)
             elif seq.remaining == 0 and (seq.prefilled == len(seq.prompt) or not seq.tokens):
-                completion = seq.completion()  # flushes the held-back text: the listener may still fail it
+                # flushes the held-back text: the listener may still fail it
+                completion = seq.completion()
                 self.end(seq.handle, error=seq.error)
                 if seq.error is None:
                     seq.handle._set_result(completion)
         self._apply_cancellations(poll=False)
 
     def _apply_cancellations(self, poll: bool = True) -> None:
-        """Cancel every request whose handle was cancelled from the serving thread or (``poll``, once per step before
-        any forward) whose ``cancel`` hook returns True; a hook that raises fails its request with that error."""
+        """Cancel every request whose handle was cancelled from the serving thread or (``poll``,
+        once per step before any forward) whose ``cancel`` hook returns True; a hook that raises
+        fails its request with that error."""
         for handle in self.handles():
             hook = handle.request.cancel
             if poll and not handle.cancel_requested and hook is not None:
@@ -297,14 +323,14 @@ class Scheduler:
                 self.cancel(handle)
 
     def cancel(self, handle: RequestHandle) -> None:
-        """End ``handle``'s request with GenerationCancelled; its KV (whole between steps) goes into the prefix
-        tree."""
+        """End ``handle``'s request with GenerationCancelled; its KV (whole between steps) goes into
+        the prefix tree."""
         self.end(handle, error=GenerationCancelled(
             f"request {handle.request_number} was cancelled; its KV was released"))
 
     def fail_all(self, error: BaseException) -> None:
-        """End every request with ``error``, evicting its KV; a request whose release fails too still gets
-        ``error``."""
+        """End every request with ``error``, evicting its KV; a request whose release fails too
+        still gets ``error``."""
         for handle in self.handles():
             try:
                 self.end(handle, error=error, insert=False)
@@ -318,10 +344,11 @@ class Scheduler:
                 handle._set_error(error)
                 self.ended += 1
 
-    def end(self, handle: RequestHandle, error: BaseException | None = None, insert: bool = True) -> None:
-        """Take ``handle``'s request out of the scheduler and release its bindings: its written KV is inserted into
-        the prefix tree (``insert``, KV whole) or evicted. With ``error`` the handle raises it. Does nothing for a
-        request the scheduler no longer holds."""
+    def end(self, handle: RequestHandle, error: BaseException | None = None,
+            insert: bool = True) -> None:
+        """Take ``handle``'s request out of the scheduler and release its bindings: its written KV
+        is inserted into the prefix tree (``insert``, KV whole) or evicted. With ``error`` the
+        handle raises it. Does nothing for a request the scheduler no longer holds."""
         if handle in self.waiting:
             self.waiting.remove(handle)
         seq = self._bound.pop(handle, None)

@@ -1,11 +1,13 @@
-"""Sequence: the state of one request being generated (the scheduler's row), and its result, ``Completion``.
+"""Sequence: the state of one request being generated (the scheduler's row), and its result,
+``Completion``.
 
-It holds the prompt and the tokens so far, sampling settings and generator, stop detection (ids and strings),
-streaming to a listener, logprobs, the drafter's per-request state, and the counters that become ``Completion.stats``.
-The caller's hooks never break the serving loop: an exception from the listener (or the round callback) is
-recorded in ``error``, the sequence finishes, and the scheduler fails that request alone.
-Positions: the prompt occupies ``[0, P)``, generated token i sits at ``P + i``; the last token's KV is written by
-the next forward, so the main pool holds KV for ``[0, last_pos)``.
+It holds the prompt and the tokens so far, sampling settings and generator, stop detection (ids and
+strings), streaming to a listener, logprobs, the drafter's per-request state, and the counters that
+become ``Completion.stats``. The caller's hooks never break the serving loop: an exception from the
+listener (or the round callback) is recorded in ``error``, the sequence finishes, and the scheduler
+fails that request alone.
+Positions: the prompt occupies ``[0, P)``, generated token i sits at ``P + i``; the last token's KV
+is written by the next forward, so the main pool holds KV for ``[0, last_pos)``.
 """
 
 from __future__ import annotations
@@ -33,41 +35,53 @@ if TYPE_CHECKING:
 class Sequence:
     """One request: tokens, sampling, stops, streaming, logprobs, draft state and stats."""
 
-    def __init__(self, handle: RequestHandle, request_id: int, matched: int, capacity: int, *, tokenizer: Tokenizer,
-                 device: torch.device, eos_token_ids: tuple[int, ...], tree_rounds: bool) -> None:
-        """``handle``'s request (the caller's view of it) bound as ``request_id`` with ``matched`` prompt
-        positions found in the prefix cache and ``capacity`` positions bound; the model's ``tokenizer`` (streamed text), ``device`` (the sampling
-        generator's), ``eos_token_ids`` (what ``min_new_tokens`` suppresses) and whether its rounds may be token
-        trees (``ServingContext.tree_rounds``)."""
+    def __init__(self, handle: RequestHandle, request_id: int, matched: int, capacity: int, *,
+                 tokenizer: Tokenizer, device: torch.device, eos_token_ids: tuple[int, ...],
+                 tree_rounds: bool) -> None:
+        """``handle``'s request (the caller's view of it) bound as ``request_id`` with ``matched``
+        prompt positions found in the prefix cache and ``capacity`` positions bound; the model's
+        ``tokenizer`` (streamed text), ``device`` (the sampling generator's), ``eos_token_ids``
+        (what ``min_new_tokens`` suppresses) and whether its rounds may be token trees
+        (``ServingContext.tree_rounds``)."""
         request = handle.request
         p = request.params
         self.handle, self.request = handle, request
-        self.admitted = 0  # admission number in the scheduler (preemption takes the most recent first)
-        self.offload: OffloadedKv | None = None  # the private KV while the scheduler has it preempted
+        # admission number in the scheduler (preemption takes the most recent first)
+        self.admitted = 0
+        # the private KV while the scheduler has it preempted
+        self.offload: OffloadedKv | None = None
         self.prompt, self.matched = request.prompt, matched
         self.limit = request.limit  # most new tokens
-        self.capacity = capacity  # the bound KV capacity: positions stay below it (grows as pages are added)
+        # the bound KV capacity: positions stay below it (grows as pages are added)
+        self.capacity = capacity
         self.request_id = request_id
         self.temperature, self.top_p = float(p.temperature), float(p.top_p)
         self.top_k, self.min_p = int(p.top_k), float(p.min_p)
         self.processing = p.processing(eos_token_ids)  # applied before any choice of a token
-        self._history: TokenHistory | None = None  # the processors' token statistics, once a processor needs them
-        self.rng = PositionalRng(p.seed, device)  # the draw for a position depends on (seed, position)
+        # the processors' token statistics, once a processor needs them
+        self._history: TokenHistory | None = None
+        # the draw for a position depends on (seed, position)
+        self.rng = PositionalRng(p.seed, device)
         self.listener = request.listener
         self.stop_ids, self.stop_texts = request.stop_ids, request.stop_texts
         self.speculative_tokens, self.draft_sampling = request.speculative_tokens, p.draft_sampling
-        self.draft_tree = p.draft_tree  # alternatives per depth of a token-tree round (None: linear drafts)
+        # alternatives per depth of a token-tree round (None: linear drafts)
+        self.draft_tree = p.draft_tree
         self.adaptive = request.adaptive  # the model's draft policy chooses each round's drafts
         self.tree_rounds = tree_rounds  # whether a round may be a token tree
-        self.history: Any = None  # the drafter's state for this request: set by its bind, cleared by its release
+        # the drafter's state for this request: set by its bind, cleared by its release
+        self.history: Any = None
         self.tokens: list[int] = []
         self.logprobs: list[float] | None = [] if p.wants_logprobs else None
         self.top_k_logprobs = p.top_logprobs
         self.top_logprobs: list[dict[int, float]] | None = [] if p.top_logprobs else None
         self.prompt_k_logprobs = p.prompt_logprobs
-        # one entry per prompt position (the first has nothing to condition on); filled by the prefill
-        self.prompt_logprobs: list[dict[int, float] | None] | None = None if p.prompt_logprobs is None else [None]
-        self.error: BaseException | None = None  # what the caller's hooks raised; the request then fails alone
+        # one entry per prompt position (the first has nothing to condition on); filled by the
+        # prefill
+        self.prompt_logprobs: list[dict[int, float] | None] | None = (
+            None if p.prompt_logprobs is None else [None])
+        # what the caller's hooks raised; the request then fails alone
+        self.error: BaseException | None = None
         self.finished = False
         self.finish_reason = "length"
         self.stream = StreamDecoder(tokenizer)
@@ -81,9 +95,12 @@ class Sequence:
         self.forwards = 0
         self.prefill_forwards = 0
         self.rounds = self.proposed = self.accepted = 0
-        self.draft_errors = 0  # rounds the drafter failed (raised or proposed something unusable): decoded plainly
-        self.drafter_failed = False  # a drafter hook raised for this row: it decodes plainly from then on
-        self.preemptions = 0  # times the scheduler paused it to make room (its KV offloaded, then restored)
+        # rounds the drafter failed (raised or proposed something unusable): decoded plainly
+        self.draft_errors = 0
+        # a drafter hook raised for this row: it decodes plainly from then on
+        self.drafter_failed = False
+        # times the scheduler paused it to make room (its KV offloaded, then restored)
+        self.preemptions = 0
         self.accept_lengths: Counter[int] = Counter()  # tokens per speculative round -> rounds
 
     # ------------------------------------------------------------------ the caller's hooks
@@ -93,12 +110,14 @@ class Sequence:
         self._call(getattr(listener, event, None) if listener is not None else None, value)
 
     def on_round(self, record: RoundRecord) -> None:
-        """Give the request's ``on_round`` hook a speculative round's record (see ``_call`` for errors)."""
+        """Give the request's ``on_round`` hook a speculative round's record (see ``_call`` for
+        errors)."""
         self._call(self.request.on_round, record)
 
     def _call(self, hook: Callable[[Any], object] | None, value: object) -> None:
-        """``hook(value)`` unless there is no hook or the request already failed. An exception is recorded in
-        ``error`` and finishes the sequence (no further events); it never propagates into the step."""
+        """``hook(value)`` unless there is no hook or the request already failed. An exception is
+        recorded in ``error`` and finishes the sequence (no further events); it never propagates
+        into the step."""
         if hook is None or self.error is not None:
             return
         try:
@@ -116,7 +135,8 @@ class Sequence:
     # ------------------------------------------------------------------ positions
     def tokens_between(self, start: int, end: int) -> list[int]:
         """Tokens at positions ``[start, end)``."""
-        return self.prompt[start:end] if end <= len(self.prompt) else (self.prompt + self.tokens)[start:end]
+        return (self.prompt[start:end] if end <= len(self.prompt)
+                else (self.prompt + self.tokens)[start:end])
 
     @property
     def final_len(self) -> int:
@@ -136,26 +156,29 @@ class Sequence:
         return max(0, self.limit - len(self.tokens))
 
     def draft_budget(self) -> int:
-        """Drafts the next round may propose: the window ``[last, d_0..d_{n-1}]`` fits the bound capacity and the
-        window plus the bonus token fit what the request may still produce (whether the drafter can draft is its
-        ``ready``)."""
+        """Drafts the next round may propose: the window ``[last, d_0..d_{n-1}]`` fits the bound
+        capacity and the window plus the bonus token fit what the request may still produce (whether
+        the drafter can draft is its ``ready``)."""
         if not self.tokens:
             return 0
-        return max(0, min(self.speculative_tokens, self.remaining - 1, self.capacity - self.last_pos - 1))
+        return max(0, min(self.speculative_tokens, self.remaining - 1,
+                          self.capacity - self.last_pos - 1))
 
     def tree_fits(self, tree: tuple[int, ...] | None = None) -> bool:
-        """Whether the next round can be the token tree ``tree`` (a draft policy's shape, whose depth is within the
-        draft budget) or, by default, this request's whole ``draft_tree`` (its full depth is the draft budget): and
-        every node fits the bound capacity (otherwise the round drafts a chain)."""
+        """Whether the next round can be the token tree ``tree`` (a draft policy's shape, whose
+        depth is within the draft budget) or, by default, this request's whole ``draft_tree`` (its
+        full depth is the draft budget): and every node fits the bound capacity (otherwise the round
+        drafts a chain)."""
         if tree is None:
             tree = self.draft_tree
             if tree is None or self.draft_budget() != len(tree):
                 return False
-        return len(tree) <= self.draft_budget() and self.last_pos + 1 + tree_nodes(tree) <= self.capacity
+        return (len(tree) <= self.draft_budget()
+                and self.last_pos + 1 + tree_nodes(tree) <= self.capacity)
 
     def round_span(self) -> int:
-        """Positions after ``last_pos`` the next round may write: the tree's nodes, or its drafts; for a row whose
-        draft policy may choose a tree, the most nodes a tree may have."""
+        """Positions after ``last_pos`` the next round may write: the tree's nodes, or its drafts;
+        for a row whose draft policy may choose a tree, the most nodes a tree may have."""
         depth = min(self.speculative_tokens, max(0, self.remaining - 1))
         if self.adaptive and self.tree_rounds and depth:
             return MAX_TREE_NODES
@@ -165,16 +188,18 @@ class Sequence:
 
     # ------------------------------------------------------------------ tokens
     def take_next(self) -> bool:
-        """Sample the next token from the last logits and append it; True when the sequence has finished."""
+        """Sample the next token from the last logits and append it; True when the sequence has
+        finished."""
         assert self.logits is not None
         return self.push(*choose_next([self], self.logits)[0])
 
     def add_prompt_logprobs(self, logits: torch.Tensor, start: int) -> None:
-        """Record the prompt logprobs that ``logits`` ``[C, V]`` (a prefill chunk's, column j at position
-        ``start + j``) give: for each prompt token they predict, its logprob and the ``prompt_logprobs`` most likely
-        alternatives (raw, before processors and temperature)."""
+        """Record the prompt logprobs that ``logits`` ``[C, V]`` (a prefill chunk's, column j at
+        position ``start + j``) give: for each prompt token they predict, its logprob and the
+        ``prompt_logprobs`` most likely alternatives (raw, before processors and temperature)."""
         assert self.prompt_logprobs is not None
-        count = min(logits.shape[0], len(self.prompt) - 1 - start)  # the last prompt position predicts a new token
+        # the last prompt position predicts a new token
+        count = min(logits.shape[0], len(self.prompt) - 1 - start)
         if count <= 0:
             return
         logp = torch.log_softmax(logits[:count].float(), dim=-1)
@@ -182,8 +207,9 @@ class Sequence:
         self.prompt_logprobs.extend(logprob_entries(logp, targets, self.prompt_k_logprobs or 0))
 
     def processed(self, logits: torch.Tensor, extra: list[list[int]]) -> torch.Tensor:
-        """``logits`` ``[N, V]`` after the request's processors, row i having generated ``tokens`` then
-        ``extra[i]`` (a verify window's drafts before it); the logits themselves when no processor is on."""
+        """``logits`` ``[N, V]`` after the request's processors, row i having generated ``tokens``
+        then ``extra[i]`` (a verify window's drafts before it); the logits themselves when no
+        processor is on."""
         if not self.processing.active:
             return logits
         seen = counts = None
@@ -193,8 +219,8 @@ class Sequence:
                           [len(self.tokens) + len(e) for e in extra])
 
     def token_history(self, vocab: int, device: torch.device) -> TokenHistory:
-        """The processors' statistics of this request's tokens (built on first use, then kept up to date by
-        ``push``)."""
+        """The processors' statistics of this request's tokens (built on first use, then kept up to
+        date by ``push``)."""
         if self._history is None:
             self._history = TokenHistory(self.prompt, vocab, device)
             for t in self.tokens:
@@ -202,8 +228,9 @@ class Sequence:
         return self._history
 
     def push(self, token: int, logp: torch.Tensor | None = None) -> bool:
-        """Append ``token`` (stream it, check stops and the limit); True when the sequence has finished. ``logp``:
-        the raw log-distribution ``[V]`` it was chosen from, for the requested logprobs."""
+        """Append ``token`` (stream it, check stops and the limit); True when the sequence has
+        finished. ``logp``: the raw log-distribution ``[V]`` it was chosen from, for the requested
+        logprobs."""
         if token in self.stop_ids:
             self.finish_reason = "stop"
             return self._finish()
@@ -219,7 +246,8 @@ class Sequence:
         chunk = self.stream.push(token)
         self.text += chunk
         for s in self.stop_texts:
-            at = self.text.find(s, max(0, len(self.text) - len(chunk) - len(s) + 1))  # only where it can be new
+            # only where it can be new
+            at = self.text.find(s, max(0, len(self.text) - len(chunk) - len(s) + 1))
             if at >= 0:
                 self.text = self.text[:at]
                 self.cut = True
@@ -236,7 +264,8 @@ class Sequence:
         return True
 
     def _flush(self, hold: int = 0) -> None:
-        """Give ``on_text`` the new text, holding back the last ``hold`` characters (a stop string may start)."""
+        """Give ``on_text`` the new text, holding back the last ``hold`` characters (a stop string
+        may start)."""
         end = max(self.sent, len(self.text) - hold)
         if end > self.sent:
             self.notify("on_text", self.text[self.sent : end])
@@ -244,11 +273,12 @@ class Sequence:
 
     # ------------------------------------------------------------------ result
     def stats(self) -> dict[str, Any]:
-        """The request's counters and timings: ``prompt_tokens``, ``cached_tokens``, ``generated_tokens``, ``forwards``,
-        ``speculative_rounds``, ``preemptions``, ``proposed_drafts``, ``accepted_drafts``, ``draft_errors`` (rounds the
-        drafter failed, decoded plainly instead), ``mean_accepted_length``,
-        ``accept_length_histogram``, ``target_forwards_per_token`` (1.0 for plain decoding), ``prefill_s``,
-        ``decode_s``, ``tokens_per_s``."""
+        """The request's counters and timings: ``prompt_tokens``, ``cached_tokens``,
+        ``generated_tokens``, ``forwards``, ``speculative_rounds``, ``preemptions``,
+        ``proposed_drafts``, ``accepted_drafts``, ``draft_errors`` (rounds the drafter failed,
+        decoded plainly instead), ``mean_accepted_length``, ``accept_length_histogram``,
+        ``target_forwards_per_token`` (1.0 for plain decoding), ``prefill_s``, ``decode_s``,
+        ``tokens_per_s``."""
         elapsed = time.perf_counter() - self.t0
         decode_s = max(elapsed - self.prefill_s, 1e-9)
         n = len(self.tokens)
@@ -262,21 +292,23 @@ class Sequence:
             "proposed_drafts": self.proposed,
             "accepted_drafts": self.accepted,
             "draft_errors": self.draft_errors,
-            "mean_accepted_length": (sum(k * v for k, v in self.accept_lengths.items()) / self.rounds
-                                     if self.rounds else 0.0),
+            "mean_accepted_length": (sum(k * v for k, v in self.accept_lengths.items())
+                                     / self.rounds if self.rounds else 0.0),
             "accept_length_histogram": dict(sorted(self.accept_lengths.items())),
-            # decode forwards per token after the first (which the prefill produces): 1.0 for plain decoding
-            "target_forwards_per_token": (self.forwards - self.prefill_forwards) / (n - 1) if n > 1 else 0.0,
+            # decode forwards per token after the first (which the prefill produces): 1.0 for plain
+            # decoding
+            "target_forwards_per_token": ((self.forwards - self.prefill_forwards) / (n - 1) if n > 1
+                                          else 0.0),
             "prefill_s": self.prefill_s,
             "decode_s": decode_s,
             "tokens_per_s": max(n - 1, 0) / decode_s,
         }
 
     def completion(self) -> Completion:
-        """Flush the held-back text to the listener and return the request's ``Completion`` (check ``error``
-        afterwards: the flush may fail the request)."""
+        """Flush the held-back text to the listener and return the request's ``Completion`` (check
+        ``error`` afterwards: the flush may fail the request)."""
         if not self.cut:
             self.text += self.stream.finish()
         self._flush()
-        return Completion(self.text, list(self.prompt), list(self.tokens), self.finish_reason, self.logprobs,
-                          self.stats(), self.top_logprobs, self.prompt_logprobs)
+        return Completion(self.text, list(self.prompt), list(self.tokens), self.finish_reason,
+                          self.logprobs, self.stats(), self.top_logprobs, self.prompt_logprobs)

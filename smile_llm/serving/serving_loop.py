@@ -1,18 +1,21 @@
 """ServingLoop: the one serving loop of a model, shared by every caller on every thread.
 
-Callers ``submit`` validated requests (any thread, never waiting for a step) and wait on their handles. Whoever
-waits drives: when no thread is advancing the model, a waiting caller becomes the *driver* and runs scheduler steps
-on its own thread until its own request is done, then hands the role on (a single caller never pays a thread hop);
-every other waiter's request is batched into the same steps (continuous batching). An ``InferenceEngine`` adds a
-background driver thread, so requests advance while nobody waits. At most one thread steps at a time.
+Callers ``submit`` validated requests (any thread, never waiting for a step) and wait on their
+handles. Whoever waits drives: when no thread is advancing the model, a waiting caller becomes the
+*driver* and runs scheduler steps on its own thread until its own request is done, then hands the
+role on (a single caller never pays a thread hop); every other waiter's request is batched into the
+same steps (continuous batching). An ``InferenceEngine`` adds a background driver thread, so
+requests advance while nobody waits. At most one thread steps at a time.
 
-Listeners and hooks run on the driver's thread inside a step. From there, ``cancel`` takes effect at the end of the
-step, and waiting on an unfinished request raises RuntimeError at once (it would wait on the very thread that must
-advance it). ``shutdown`` ends everything pending with EngineShutdownError and refuses new requests.
+Listeners and hooks run on the driver's thread inside a step. From there, ``cancel`` takes effect at
+the end of the step, and waiting on an unfinished request raises RuntimeError at once (it would wait
+on the very thread that must advance it). ``shutdown`` ends everything pending with
+EngineShutdownError and refuses new requests.
 
-At interpreter exit every live server does the same (``release_at_exit``): its background driver is stopped and
-joined and every pending request ends with EngineShutdownError, its KV released, so no thread is inside a forward
-when the interpreter stops its daemon threads (one stopped there aborts the process).
+At interpreter exit every live server does the same (``release_at_exit``): its background driver is
+stopped and joined and every pending request ends with EngineShutdownError, its KV released, so no
+thread is inside a forward when the interpreter stops its daemon threads (one stopped there aborts
+the process).
 """
 
 from __future__ import annotations
@@ -36,14 +39,16 @@ if TYPE_CHECKING:
 IDLE_WAIT_S = 0.5  # how long an idle background driver sleeps between checks for work
 EXIT_WAIT_S = 10.0  # at interpreter exit: the longest wait for the current step to end
 
-_LIVE: weakref.WeakSet[ServingLoop] = weakref.WeakSet()  # every server, for the release at interpreter exit
+# every server, for the release at interpreter exit
+_LIVE: weakref.WeakSet[ServingLoop] = weakref.WeakSet()
 
 
 def _release_at_exit() -> None:
     for server in list(_LIVE):
         try:
             server.release_at_exit()
-        except Exception:  # noqa: BLE001 - one broken server must not keep the others' threads running at exit
+        except Exception:  # noqa: BLE001 - one broken server must not keep the others' threads
+                           # running at exit
             pass
 
 
@@ -56,30 +61,37 @@ class ServingLoop:
     def __init__(self, context: ServingContext) -> None:
         self.scheduler = Scheduler(context)
         self.engine_attached = False  # an InferenceEngine drives this loop (at most one per model)
-        self._step_lock = threading.RLock()  # held for one scheduler step, or by a caller cancelling between steps
+        # held for one scheduler step, or by a caller cancelling between steps
+        self._step_lock = threading.RLock()
         self._cv = threading.Condition(threading.Lock())  # driver role, intake, completions
-        self._intake: list[RequestHandle] = []  # submitted, not yet seen by the scheduler (guarded by _cv)
+        # submitted, not yet seen by the scheduler (guarded by _cv)
+        self._intake: list[RequestHandle] = []
         self._driver: int | None = None  # ident of the thread driving steps
         self._stepping: int | None = None  # ident of the thread inside step()
         self._numbers = itertools.count(1)
         self._closed = False
-        self._closed_reason = "the model is closed; load it again to generate"  # what submit says once closed
-        self._cancel_waiters = 0  # callers waiting for the step lock: the driver yields to them between steps
-        self._thread: threading.Thread | None = None  # the background driver; one that is replaced stops
+        # what submit says once closed
+        self._closed_reason = "the model is closed; load it again to generate"
+        # callers waiting for the step lock: the driver yields to them between steps
+        self._cancel_waiters = 0
+        # the background driver; one that is replaced stops
+        self._thread: threading.Thread | None = None
         self._stop_when_idle = False  # the background driver stops once no request is left
-        self._after_step: list[Callable[[], None]] = []  # run once the current step has ended (see defer)
+        # run once the current step has ended (see defer)
+        self._after_step: list[Callable[[], None]] = []
         self.steps = 0
         _LIVE.add(self)
 
     # ------------------------------------------------------------------ submission
     def submit(self, request: Request) -> RequestHandle | SampleGroup:
-        """Queue ``request``; returns its handle at once (never waits for a step): a ``RequestHandle``, or for
-        ``n > 1`` samples a ``SampleGroup`` of their handles, queued together. EngineShutdownError after
-        ``shutdown``."""
+        """Queue ``request``; returns its handle at once (never waits for a step): a
+        ``RequestHandle``, or for ``n > 1`` samples a ``SampleGroup`` of their handles, queued
+        together. EngineShutdownError after ``shutdown``."""
         with self._cv:
             if self._closed:
                 raise EngineShutdownError(self._closed_reason)
-            handles = [RequestHandle(next(self._numbers), r, self) for r in sample_requests(request)]
+            handles = [RequestHandle(next(self._numbers), r, self)
+                       for r in sample_requests(request)]
             self._intake.extend(handles)
             self._cv.notify_all()
         return handles[0] if request.params.n == 1 else SampleGroup(request, handles)
@@ -97,11 +109,12 @@ class ServingLoop:
 
     # ------------------------------------------------------------------ stepping
     def step(self) -> bool:
-        """One scheduling step on the calling thread; False when there was nothing to run. RuntimeError from a
-        listener (a step inside a step)."""
+        """One scheduling step on the calling thread; False when there was nothing to run.
+        RuntimeError from a listener (a step inside a step)."""
         me = threading.get_ident()
         if self._stepping == me:
-            raise RuntimeError("step() called from a listener or hook inside a step; return from it instead")
+            raise RuntimeError("step() called from a listener or hook inside a step; "
+                               "return from it instead")
         with self._step_lock:
             self._stepping = me
             ended = self.scheduler.ended
@@ -111,7 +124,8 @@ class ServingLoop:
                     self._intake.clear()
                 try:
                     worked = self.scheduler.step()
-                except Exception as exc:  # not a request's error (those are isolated): fail every request
+                except Exception as exc:
+                    # not a request's error (those are isolated): fail every request
                     self.scheduler.fail_all(exc)
                     worked = True
                 if worked:
@@ -125,7 +139,8 @@ class ServingLoop:
             with self._cv:
                 self._cv.notify_all()  # waiters whose request ended
         if self._cancel_waiters:
-            time.sleep(0.0005)  # let a caller waiting to cancel take the step lock (locks are not fair)
+            # let a caller waiting to cancel take the step lock (locks are not fair)
+            time.sleep(0.0005)
         return worked
 
     def in_step(self) -> bool:
@@ -140,14 +155,16 @@ class ServingLoop:
         return bool(self._intake) or self.scheduler.has_work()
 
     def wait(self, handle: RequestHandle, timeout: float | None = None) -> None:
-        """Return once ``handle`` is done, driving steps on this thread while no other thread does. TimeoutError
-        after ``timeout`` seconds; RuntimeError when called from a listener for a request that is not done."""
+        """Return once ``handle`` is done, driving steps on this thread while no other thread does.
+        TimeoutError after ``timeout`` seconds; RuntimeError when called from a listener for a
+        request that is not done."""
         if handle.done():
             return
         me = threading.get_ident()
         if self._stepping == me or self._driver == me:
-            raise RuntimeError(f"waiting on request {handle.request_number} from a listener or hook of a running "
-                               f"request would stop every request: wait outside the callback")
+            raise RuntimeError(f"waiting on request {handle.request_number} from a listener or "
+                               "hook of a running request would stop every request: "
+                               "wait outside the callback")
         deadline = None if timeout is None else time.monotonic() + timeout
         while not handle.done():
             with self._cv:
@@ -159,12 +176,14 @@ class ServingLoop:
                 if handle.done():
                     return
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"request {handle.request_number} not done within {timeout} s")
+                    raise TimeoutError(f"request {handle.request_number} not done "
+                                       f"within {timeout} s")
                 self._driver = me
             try:
                 while not handle.done() and (deadline is None or time.monotonic() < deadline):
                     if not self.step() and not handle.done():
-                        with self._cv:  # nothing runnable yet (only possible while another thread cancels)
+                        # nothing runnable yet (only possible while another thread cancels)
+                        with self._cv:
                             self._cv.wait(0.001)
             finally:
                 with self._cv:
@@ -173,9 +192,9 @@ class ServingLoop:
 
     # ------------------------------------------------------------------ cancellation
     def cancel(self, handle: RequestHandle) -> bool:
-        """Cancel ``handle``'s request; False if it was already done. From the driver's thread (a listener) the
-        cancellation takes effect at the end of the step; from any other thread the request's pages are released
-        before this returns."""
+        """Cancel ``handle``'s request; False if it was already done. From the driver's thread (a
+        listener) the cancellation takes effect at the end of the step; from any other thread the
+        request's pages are released before this returns."""
         if handle.done():
             return False
         if self._stepping == threading.get_ident():
@@ -193,7 +212,8 @@ class ServingLoop:
         with self._between_steps():
             if handle.done():
                 return False
-            if not self.scheduler.holds(handle):  # moved from the intake by a step meanwhile, and already finished
+            # moved from the intake by a step meanwhile, and already finished
+            if not self.scheduler.holds(handle):
                 return False
             self.scheduler.cancel(handle)
         with self._cv:
@@ -203,20 +223,21 @@ class ServingLoop:
     def _between_steps(self) -> _StepLock:
         return _StepLock(self)
 
-    # ------------------------------------------------------------------ background driver (InferenceEngine)
+    # ---------------------------------------------------------- background driver (InferenceEngine)
     def start_thread(self) -> None:
-        """Start a background driver thread that advances requests while nobody waits, until ``stop_thread``
-        (idempotent; a driver started by ``serve_until_idle`` stays on)."""
+        """Start a background driver thread that advances requests while nobody waits, until
+        ``stop_thread`` (idempotent; a driver started by ``serve_until_idle`` stays on)."""
         with self._cv:
             self._stop_when_idle = False
             if self._thread is None or not self._thread.is_alive():
                 self._start_thread_locked()
 
     def serve_until_idle(self) -> None:
-        """Make sure queued requests advance without a waiting caller: start a background driver that stops once no
-        request is left, unless a driver thread already runs (an engine's, or an earlier one's). Nothing after
-        ``shutdown``. Cheap and idempotent: a caller that waits for a request nobody else waits on may call it
-        again at any time (a stream does, while no chunk comes)."""
+        """Make sure queued requests advance without a waiting caller: start a background driver
+        that stops once no request is left, unless a driver thread already runs (an engine's, or an
+        earlier one's). Nothing after ``shutdown``. Cheap and idempotent: a caller that waits for a
+        request nobody else waits on may call it again at any time (a stream does, while no chunk
+        comes)."""
         with self._cv:
             if self._closed:
                 return
@@ -230,15 +251,16 @@ class ServingLoop:
         thread.start()
 
     def stop_thread(self, wait: bool = True, when_idle: bool = False) -> None:
-        """Stop the background driver after its current step (``when_idle``: once no request is left); ``wait``
-        joins it unless called from it. Requests left pending stay queued: a waiting caller drives them, or
-        ``serve_until_idle`` starts a driver that finishes them."""
+        """Stop the background driver after its current step (``when_idle``: once no request is
+        left); ``wait`` joins it unless called from it. Requests left pending stay queued: a waiting
+        caller drives them, or ``serve_until_idle`` starts a driver that finishes them."""
         with self._cv:
             thread = self._thread
             if when_idle:
                 self._stop_when_idle = True
             else:
-                self._thread = None  # the thread sees it is no longer the current driver and returns
+                # the thread sees it is no longer the current driver and returns
+                self._thread = None
             self._cv.notify_all()
         if wait and thread is not None and thread is not threading.current_thread():
             thread.join()
@@ -266,7 +288,9 @@ class ServingLoop:
                 if self._thread is not me:
                     return
                 self._driver = me.ident
-            try:  # step() fails the requests of any error inside it, so nothing but an interrupt ends this loop
+            # step() fails the requests of any error inside it, so nothing but an interrupt ends
+            # this loop
+            try:
                 while self._thread is me and self._has_work():
                     if not self.step():
                         with self._cv:
@@ -278,19 +302,20 @@ class ServingLoop:
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self) -> None:
-        """Refuse new requests and end every pending one with EngineShutdownError (KV released), then stop the
-        background driver. From a listener, the requests still pending when the current step ends fail then (a
-        request the step completes keeps its result)."""
+        """Refuse new requests and end every pending one with EngineShutdownError (KV released),
+        then stop the background driver. From a listener, the requests still pending when the
+        current step ends fail then (a request the step completes keeps its result)."""
         self._end_everything("the model was closed")
         self.stop_thread(wait=True)
         with self._cv:
             self._cv.notify_all()
 
     def release_at_exit(self, timeout: float = EXIT_WAIT_S) -> None:
-        """What interpreter exit runs for every live server: refuse new requests, stop the background driver (joined
-        for at most ``timeout`` s) and end every pending request with EngineShutdownError, its KV released, once the
-        current step has ended (waiting at most ``timeout`` s for it). Afterwards no thread of this server is inside
-        a forward, so the interpreter can stop its daemon threads without aborting. Idempotent."""
+        """What interpreter exit runs for every live server: refuse new requests, stop the
+        background driver (joined for at most ``timeout`` s) and end every pending request with
+        EngineShutdownError, its KV released, once the current step has ended (waiting at most
+        ``timeout`` s for it). Afterwards no thread of this server is inside a forward, so the
+        interpreter can stop its daemon threads without aborting. Idempotent."""
         with self._cv:
             if not self._closed:
                 self._closed, self._closed_reason = True, "the interpreter is exiting"
@@ -301,9 +326,10 @@ class ServingLoop:
         self._end_everything("the interpreter is exiting", timeout)
 
     def _end_everything(self, reason: str, timeout: float | None = None) -> None:
-        """Refuse new requests and end every pending one with EngineShutdownError(``reason``): queued ones at once,
-        bound ones between steps (from a listener: once the current step has ended; otherwise waiting at most
-        ``timeout`` s for the step lock, None: as long as it takes)."""
+        """Refuse new requests and end every pending one with EngineShutdownError(``reason``):
+        queued ones at once, bound ones between steps (from a listener: once the current step has
+        ended; otherwise waiting at most ``timeout`` s for the step lock, None: as long as it
+        takes)."""
         with self._cv:
             self._closed = True
             intake, self._intake = self._intake, []
@@ -315,11 +341,13 @@ class ServingLoop:
                 for handle in self.scheduler.handles():
                     self.scheduler.end(handle, error=EngineShutdownError(
                         f"request {handle.request_number}: {reason}"))
-            except Exception:  # noqa: BLE001 - a broken pool: every handle still ends (their KV evicted)
+            except Exception:  # noqa: BLE001 - a broken pool: every handle still ends (their KV
+                               # evicted)
                 self.scheduler.fail_all(EngineShutdownError(reason))
 
         if self._stepping == threading.get_ident():
-            self.defer(end_jobs)  # after the step: ended with the documented error, not as cancelled
+            # after the step: ended with the documented error, not as cancelled
+            self.defer(end_jobs)
             return
         lock = _StepLock(self, timeout)
         with lock:
@@ -330,8 +358,9 @@ class ServingLoop:
 
 
 class _StepLock:
-    """The step lock for a caller thread; the driver yields it between steps while a caller waits for it. With a
-    ``timeout``, ``acquired`` says whether it was taken in time (the body must check it)."""
+    """The step lock for a caller thread; the driver yields it between steps while a caller waits
+    for it. With a ``timeout``, ``acquired`` says whether it was taken in time (the body must check
+    it)."""
 
     def __init__(self, server: ServingLoop, timeout: float | None = None) -> None:
         self.server = server
@@ -341,7 +370,8 @@ class _StepLock:
     def __enter__(self) -> None:
         with self.server._cv:
             self.server._cancel_waiters += 1
-        self.acquired = self.server._step_lock.acquire(timeout=-1 if self.timeout is None else self.timeout)
+        self.acquired = self.server._step_lock.acquire(timeout=-1 if self.timeout is None
+                                                       else self.timeout)
 
     def __exit__(self, *exc: object) -> None:
         if self.acquired:

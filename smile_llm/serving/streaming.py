@@ -1,25 +1,28 @@
-"""Streaming iterators: ``for chunk in lm.stream(prompt)`` and ``async for chunk in lm.astream(prompt)``.
+"""Streaming iterators: ``for chunk in lm.stream(prompt)`` and
+``async for chunk in lm.astream(prompt)``.
 
-Each chunk holds the text decoded since the previous chunk and the ids of the tokens generated since then (text may
-trail its tokens: a UTF-8 character split across tokens, or text held back while it may still become a stop string,
-arrives with a later chunk; the last chunk carries whatever is left). The request runs on the model's one request
-path, queued by the first ``next()``; a background driver advances it (``ServingLoop.serve_until_idle``) while the caller
-consumes, so a slow consumer never blocks the serving loop. The request's error, if it fails, is raised by the
+Each chunk holds the text decoded since the previous chunk and the ids of the tokens generated since
+then (text may trail its tokens: a UTF-8 character split across tokens, or text held back while it
+may still become a stop string, arrives with a later chunk; the last chunk carries whatever is
+left). The request runs on the model's one request path, queued by the first ``next()``; a
+background driver advances it (``ServingLoop.serve_until_idle``) while the caller consumes, so a
+slow consumer never blocks the serving loop. The request's error, if it fails, is raised by the
 iteration after the chunks that came before it.
 
-Every stream ends in bounded time: a consumer waiting for its next chunk makes sure a driver runs (once every
-``DRIVER_CHECK_S`` seconds without a chunk), so a driver that stopped (an ``InferenceEngine`` shut down while the
-stream ran) is replaced, and the request either finishes or ends with its error (EngineShutdownError once the model
-is closed or the interpreter exits).
+Every stream ends in bounded time: a consumer waiting for its next chunk makes sure a driver runs
+(once every ``DRIVER_CHECK_S`` seconds without a chunk), so a driver that stopped (an
+``InferenceEngine`` shut down while the stream ran) is replaced, and the request either finishes or
+ends with its error (EngineShutdownError once the model is closed or the interpreter exits).
 
-Releasing the request early: ``close()`` cancels it and releases its KV before returning (from a listener: at the
-end of the current step); so does leaving a ``with lm.stream(...) as chunks:`` block, and leaving a loop over an
-iterator nothing else holds (``for chunk in lm.stream(...)``: a ``break`` or an exception drops it). A ``break`` out
-of a loop over an iterator still held in a variable does not end it (the loop may be resumed): the request runs on
-until it finishes, or until the iterator is closed, dropped (its KV released at once) or garbage-collected (the
-collector may run on any thread, so the request is only flagged and cancelled at the model's next step). At
-interpreter exit the model's server ends every pending request (``ServingLoop.release_at_exit``). Cancelling the task of
-an ``astream`` loop, or leaving it, cancels the request.
+Releasing the request early: ``close()`` cancels it and releases its KV before returning (from a
+listener: at the end of the current step); so does leaving a ``with lm.stream(...) as chunks:``
+block, and leaving a loop over an iterator nothing else holds (``for chunk in lm.stream(...)``: a
+``break`` or an exception drops it). A ``break`` out of a loop over an iterator still held in a
+variable does not end it (the loop may be resumed): the request runs on until it finishes, or until
+the iterator is closed, dropped (its KV released at once) or garbage-collected (the collector may
+run on any thread, so the request is only flagged and cancelled at the model's next step). At
+interpreter exit the model's server ends every pending request (``ServingLoop.release_at_exit``).
+Cancelling the task of an ``astream`` loop, or leaving it, cancels the request.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ DRIVER_CHECK_S = 0.25  # a consumer without a new chunk for this long makes sure
 
 @dataclass(frozen=True)
 class StreamChunk:
-    """New ``text`` and the new ``token_ids`` since the previous chunk (either may be empty, not both)."""
+    """New ``text`` and the new ``token_ids`` since the previous chunk (either may be empty, not
+    both)."""
 
     text: str
     token_ids: tuple[int, ...]
@@ -67,7 +71,8 @@ class _ChunkListener:
         self._put(_END)
 
 
-_collecting = False  # the cyclic garbage collector is running (finalizers may then run inside any code)
+# the cyclic garbage collector is running (finalizers may then run inside any code)
+_collecting = False
 
 
 def _gc_phase(phase: str, info: dict[str, Any]) -> None:
@@ -79,26 +84,29 @@ gc.callbacks.append(_gc_phase)
 
 
 def _release_dropped(handle: RequestHandle) -> None:
-    """A dropped stream's finalizer: cancel its request. Dropped by the last reference going away (user code), the
-    cancel is done here and the KV is released when the finalizer returns; collected by the garbage collector,
-    which may run on any thread, even one inside the server's locks, the request is only flagged and the serving
-    loop cancels it at its next step."""
+    """A dropped stream's finalizer: cancel its request. Dropped by the last reference going away
+    (user code), the cancel is done here and the KV is released when the finalizer returns;
+    collected by the garbage collector, which may run on any thread, even one inside the server's
+    locks, the request is only flagged and the serving loop cancels it at its next step."""
     if handle.done():
         return
     handle.cancel_requested = True
     if not _collecting:
         try:
             handle.cancel()
-        except Exception:  # noqa: BLE001 - a finalizer must not raise; the flag still ends it at the next step
+        except Exception:  # noqa: BLE001 - a finalizer must not raise; the flag still ends it at
+                           # the next step
             pass
 
 
 class TokenStream(Iterator[StreamChunk]):
-    """The iterator ``LanguageModel.stream`` returns (see the module docstring): ``StreamChunk`` after chunk, then
-    StopIteration, or the request's error. Also a context manager whose exit is ``close()``. One consumer thread at
-    a time; ``close()`` is safe from any thread (a consumer waiting for a chunk then stops)."""
+    """The iterator ``LanguageModel.stream`` returns (see the module docstring): ``StreamChunk``
+    after chunk, then StopIteration, or the request's error. Also a context manager whose exit is
+    ``close()``. One consumer thread at a time; ``close()`` is safe from any thread (a consumer
+    waiting for a chunk then stops)."""
 
-    def __init__(self, submit: Callable[[Any], RequestHandle], start_driver: Callable[[], None]) -> None:
+    def __init__(self, submit: Callable[[Any], RequestHandle],
+                 start_driver: Callable[[], None]) -> None:
         self._submit, self._start_driver = submit, start_driver
         self._chunks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._handle: RequestHandle | None = None
@@ -124,7 +132,8 @@ class TokenStream(Iterator[StreamChunk]):
                 item = self._chunks.get(timeout=DRIVER_CHECK_S)
             except queue.Empty:
                 if not handle.done():
-                    self._start_driver()  # no chunk for a while: make sure a driver runs (one may have stopped)
+                    # no chunk for a while: make sure a driver runs (one may have stopped)
+                    self._start_driver()
                 continue
             if item is _END or self._closed:
                 closed = self._closed  # by close(), maybe from another thread: no error to raise
@@ -140,7 +149,8 @@ class TokenStream(Iterator[StreamChunk]):
         handle.add_done_callback(lambda _: listener.finish())
         self._handle = handle
         finalizer = weakref.finalize(self, _release_dropped, handle)
-        finalizer.atexit = False  # at exit the server ends every request (ServingLoop.release_at_exit)
+        # at exit the server ends every request (ServingLoop.release_at_exit)
+        finalizer.atexit = False
         self._finalizer = finalizer
         if self._closed:  # closed by another thread while the request was being queued
             finalizer.detach()
@@ -155,8 +165,9 @@ class TokenStream(Iterator[StreamChunk]):
             self._finalizer.detach()
 
     def close(self) -> None:
-        """End the stream: its request, if still running, is cancelled and its KV released when this returns (from
-        a listener: at the end of the current step); later ``next()`` calls raise StopIteration. Idempotent."""
+        """End the stream: its request, if still running, is cancelled and its KV released when this
+        returns (from a listener: at the end of the current step); later ``next()`` calls raise
+        StopIteration. Idempotent."""
         self._finish()
         handle = self._handle
         if handle is not None and not handle.done():
@@ -171,7 +182,8 @@ class TokenStream(Iterator[StreamChunk]):
 
 
 def stream(submit: Callable[[Any], RequestHandle], start_driver: Callable[[], None]) -> TokenStream:
-    """Chunks of the request ``submit(listener)`` queues at the first ``next()`` (see the module docstring)."""
+    """Chunks of the request ``submit(listener)`` queues at the first ``next()`` (see the module
+    docstring)."""
     return TokenStream(submit, start_driver)
 
 
@@ -193,7 +205,8 @@ async def astream(submit: Callable[[Any], RequestHandle],
                 item = await asyncio.wait_for(chunks.get(), DRIVER_CHECK_S)
             except asyncio.TimeoutError:
                 if not handle.done():
-                    start_driver()  # no chunk for a while: make sure a driver runs (one may have stopped)
+                    # no chunk for a while: make sure a driver runs (one may have stopped)
+                    start_driver()
                 continue
             if item is _END:
                 break

@@ -1,15 +1,18 @@
 """Acceptance rules of speculative decoding: which drafted tokens a verify window keeps.
 
-A round drafts ``k`` tokens ``d_0..d_{k-1}`` after the last token, runs one target forward over the window
-``[last, d_0..d_{k-1}]`` (k+1 positions) and keeps ``d_0..d_{r-1}`` plus one bonus token from the target.
+A round drafts ``k`` tokens ``d_0..d_{k-1}`` after the last token, runs one target forward over the
+window ``[last, d_0..d_{k-1}]`` (k+1 positions) and keeps ``d_0..d_{r-1}`` plus one bonus token from
+the target.
 
-- ``accept_greedy`` (Smile's rule): sample the target at every window position; ``r`` is the longest prefix where
-  the samples equal the drafts and the bonus is the target's sample at position ``r``. Every kept token is the
-  target's own sample given the kept prefix, so with deterministic (greedy) drafts the output has exactly the
-  target's distribution at any temperature, and equals plain greedy decoding at temperature 0.
-- ``accept_rejection`` (Leviathan et al. / Chen et al.): for drafts sampled from ``q``, keep ``d_i`` with
-  probability ``min(1, p(d_i) / q(d_i))``; on the first rejection the bonus is drawn from ``norm(max(0, p - q))``,
-  after a full accept from ``p`` at the last position. Also distributed exactly as the target.
+- ``accept_greedy`` (Smile's rule): sample the target at every window position; ``r`` is the longest
+  prefix where the samples equal the drafts and the bonus is the target's sample at position ``r``.
+  Every kept token is the target's own sample given the kept prefix, so with deterministic (greedy)
+  drafts the output has exactly the target's distribution at any temperature, and equals plain
+  greedy decoding at temperature 0.
+- ``accept_rejection`` (Leviathan et al. / Chen et al.): for drafts sampled from ``q``, keep ``d_i``
+  with probability ``min(1, p(d_i) / q(d_i))``; on the first rejection the bonus is drawn from
+  ``norm(max(0, p - q))``, after a full accept from ``p`` at the last position. Also distributed
+  exactly as the target.
 """
 
 from __future__ import annotations
@@ -42,21 +45,24 @@ class AcceptResult:
 
 @dataclass(frozen=True)
 class RoundRecord:
-    """One speculative round of one request, as given to its ``on_round`` hook: the position of the window's first
-    token (``position``, the last token before the round), the drafts proposed (``k`` of them), how many the target
-    accepted and the tokens the round added (the accepted drafts and the bonus token, before any stop cut them)."""
+    """One speculative round of one request, as given to its ``on_round`` hook: the position of the
+    window's first token (``position``, the last token before the round), the drafts proposed (``k``
+    of them), how many the target accepted and the tokens the round added (the accepted drafts and
+    the bonus token, before any stop cut them)."""
 
     position: int
     k: int
     drafts: tuple[int, ...]
     num_accepted: int
     tokens: tuple[int, ...]
-    parents: tuple[int, ...] | None = None  # a token-tree round: each draft's parent (0: the root); k is its nodes
+    # a token-tree round: each draft's parent (0: the root); k is its nodes
+    parents: tuple[int, ...] | None = None
 
 
 def accept_greedy(drafts: Sequence[int], target_samples: Sequence[int]) -> AcceptResult:
-    """Longest prefix of ``drafts`` equal to ``target_samples``, plus the target's sample after it. ValueError if
-    ``drafts`` is empty or ``target_samples`` does not have ``len(drafts) + 1`` entries.
+    """Longest prefix of ``drafts`` equal to ``target_samples``, plus the target's sample after it.
+    ValueError if ``drafts`` is empty or ``target_samples`` does not have ``len(drafts) + 1``
+    entries.
 
     Smile's ``SpeculativeDecodingTest`` table:
 
@@ -83,7 +89,8 @@ def accept_greedy(drafts: Sequence[int], target_samples: Sequence[int]) -> Accep
         raise ValueError("target_samples must have len(drafts) + 1 entries, got None")
     t = as_int_array(target_samples, "target_samples").tolist()
     if len(t) != len(d) + 1:
-        raise ValueError(f"target_samples must have len(drafts) + 1 = {len(d) + 1} entries, got {len(t)}")
+        raise ValueError(f"target_samples must have len(drafts) + 1 = {len(d) + 1} "
+                         f"entries, got {len(t)}")
     r = 0
     while r < len(d) and d[r] == t[r]:  # keep a draft while the target sampled the same token
         r += 1
@@ -92,18 +99,20 @@ def accept_greedy(drafts: Sequence[int], target_samples: Sequence[int]) -> Accep
 
 def accept_rejection(drafts: Sequence[int], draft_probs: torch.Tensor, target_probs: torch.Tensor,
                      generator: torch.Generator) -> AcceptResult:
-    """Standard speculative rejection sampling. ``draft_probs`` ``[k, V]`` are the distributions the drafts were
-    sampled from, ``target_probs`` ``[k+1, V]`` the target's at the window positions (both after temperature and
-    top-p; normalised here). ValueError on mismatched shapes."""
+    """Standard speculative rejection sampling. ``draft_probs`` ``[k, V]`` are the distributions the
+    drafts were sampled from, ``target_probs`` ``[k+1, V]`` the target's at the window positions
+    (both after temperature and top-p; normalised here). ValueError on mismatched shapes."""
     d = as_int_array(drafts, "drafts").tolist()
     k = len(d)
     if k == 0:
         raise ValueError("drafts must be non-empty")
-    if draft_probs.shape[0] != k or target_probs.shape[0] != k + 1 or draft_probs.shape[1:] != target_probs.shape[1:]:
+    if (draft_probs.shape[0] != k or target_probs.shape[0] != k + 1
+            or draft_probs.shape[1:] != target_probs.shape[1:]):
         raise ValueError(f"need draft_probs [{k}, V] and target_probs [{k + 1}, V], got "
                          f"{list(draft_probs.shape)} and {list(target_probs.shape)}")
     p, q = target_probs.double(), draft_probs.double()
-    p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)  # top-p leaves them unnormalised
+    # top-p leaves them unnormalised
+    p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
     u = torch.rand(k, generator=generator, device=generator.device, dtype=torch.float64)
     idx = torch.tensor(d, device=p.device)
     rows = torch.arange(k, device=p.device)

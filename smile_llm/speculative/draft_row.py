@@ -1,8 +1,9 @@
 """DraftRow: what drafters and draft policies read of a request being generated.
 
-The serving layer's ``Sequence`` is one; drafters never see more of it than this, so speculation does not depend on
-the request path above it. A drafter keeps its per-request state in ``history`` (set by its ``bind``, cleared by its
-``release``). Positions: the prompt occupies ``[0, len(prompt))``, generated token i sits at ``len(prompt) + i``."""
+The serving layer's ``Sequence`` is one; drafters never see more of it than this, so speculation
+does not depend on the request path above it. A drafter keeps its per-request state in ``history``
+(set by its ``bind``, cleared by its ``release``). Positions: the prompt occupies
+``[0, len(prompt))``, generated token i sits at ``len(prompt) + i``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from ..sampling.sampler import PositionalRng
 
 
 class DraftRow(Protocol):
-    request_id: int  # the row's id in the target model's pool (the drafter keys its own state by it)
+    # the row's id in the target model's pool (the drafter keys its own state by it)
+    request_id: int
     prompt: list[int]
     tokens: list[int]  # generated so far
     matched: int  # prompt positions found in the target's prefix cache

@@ -77,7 +77,11 @@ def test_tiny_run_numbers_are_consistent(tiny) -> None:
         assert 0 < r.target_forwards_per_token <= 1.0
         if r.configuration.drafter == "mtp":
             assert r.target_forwards_per_token < 1.0 and r.timings.draft_cost_share > 0
-    assert result.best().configuration.drafter == "mtp"  # the head drafts every round; n-grams rarely match here
+    # the head drafts every round, n-grams rarely match here: fewest target forwards per token (a count, unlike
+    # the wall-clock speedup that best() ranks by, which a loaded machine may reorder)
+    fewest = min(result.results, key=lambda r: r.target_forwards_per_token)
+    assert fewest.configuration.drafter == "mtp"
+    assert result.best() in result.results and result.best().check is not None and result.best().check.passed
 
 
 def test_round_tally_matches_completion_stats_and_the_timer_sees_propose() -> None:

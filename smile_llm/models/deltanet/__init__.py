@@ -1,10 +1,14 @@
-"""Gated DeltaNet operators (Qwen3-Next / Qwen3.5 linear attention) as pure tensor functions: no modules, no pool.
+"""Gated DeltaNet operators (Qwen3-Next / Qwen3.5 linear attention) as pure tensor functions: no
+modules, no pool.
 
-- ``recurrent_gated_delta_rule`` (decode, verify windows) and ``chunk_gated_delta_rule`` (prefill): the gated delta
-  rule in PyTorch, float32 inside, with initial / final / per-position states (``convention`` gives the layouts);
-- ``fla_chunk_gated_delta_rule`` / ``fla_recurrent_gated_delta_rule``: fla-core's CUDA kernels, imported lazily;
+- ``recurrent_gated_delta_rule`` (decode, verify windows) and ``chunk_gated_delta_rule`` (prefill):
+  the gated delta rule in PyTorch, float32 inside, with initial / final / per-position states
+  (``convention`` gives the layouts);
+- ``fla_chunk_gated_delta_rule`` / ``fla_recurrent_gated_delta_rule``: fla-core's CUDA kernels,
+  imported lazily;
 - ``gated_delta_rule``: picks among them by device and window length;
-- ``causal_conv1d_prefill`` / ``causal_conv1d_update``: the short causal conv over q/k/v, with its state;
+- ``causal_conv1d_prefill`` / ``causal_conv1d_update``: the short causal conv over
+  q/k/v, with its state;
 - ``gated_rms_norm``: the norm gated by ``silu(z)`` after the core.
 """
 

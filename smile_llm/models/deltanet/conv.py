@@ -1,16 +1,20 @@
-"""The short causal depthwise convolution over the concatenated q/k/v projection (``linear_conv_kernel_dim`` = K).
+"""The short causal depthwise convolution over the concatenated q/k/v projection
+(``linear_conv_kernel_dim`` = K).
 
 Layouts::
 
     x            [B, T, C]       token-major, as the projection produces it
-    weight       [C, K]          HF's ``conv1d.weight[:, 0, :]``; weight[:, K-1] multiplies the current input
+    weight       [C, K]          HF's ``conv1d.weight[:, 0, :]``; weight[:, K-1] multiplies
+                                 the current input
     bias         [C] or None     (Qwen3-Next / Qwen3.5 have none)
-    conv_state   [B, C, K-1]     the last K-1 inputs before the window, oldest first; zeros before a sequence
+    conv_state   [B, C, K-1]     the last K-1 inputs before the window, oldest first; zeros
+                                 before a sequence
 
-``y_t = act(bias + sum_j weight[:, j] * x_{t-K+1+j})`` with inputs before the window taken from ``conv_state``.
-As in HF, inputs are rounded to weight's dtype, the output (and SiLU) is in weight's dtype, then cast to x's. HF's
-cache keeps K columns of which the convolution reads the last K-1; a state here is exactly those K-1.
-States hold inputs (in x's dtype), so they depend on x alone, not on the weights.
+``y_t = act(bias + sum_j weight[:, j] * x_{t-K+1+j})`` with inputs before the window taken from
+``conv_state``. As in HF, inputs are rounded to weight's dtype, the output (and SiLU) is in
+weight's dtype, then cast to x's. HF's cache keeps K columns of which the convolution reads the
+last K-1; a state here is exactly those K-1. States hold inputs (in x's dtype), so they depend on x
+alone, not on the weights.
 """
 
 from __future__ import annotations
@@ -34,12 +38,14 @@ class ConvOutput(NamedTuple):
 def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                           conv_state: torch.Tensor | None = None, activation: Activation = "silu",
                           output_all_states: bool = False) -> ConvOutput:
-    """The convolution over a window ``x`` that follows ``conv_state`` (zeros when ``None``: a sequence start).
+    """The convolution over a window ``x`` that follows ``conv_state`` (zeros when ``None``: a
+    sequence start).
 
-    Each output sums its K taps in a fixed order in float32, so the sums do not depend on how a sequence is split
-    into windows: prefill, verify windows and decode steps give the same bits before the activation (torch's SiLU
-    may differ by an ulp between its vectorised and scalar paths). Returns fresh tensors;
-    ``conv_state`` is not mutated. Raises ``ValueError`` on mismatched shapes.
+    Each output sums its K taps in a fixed order in float32, so the sums do not depend on how a
+    sequence is split into windows: prefill, verify windows and decode steps give the same bits
+    before the activation (torch's SiLU may differ by an ulp between its vectorised and scalar
+    paths). Returns fresh tensors; ``conv_state`` is not mutated. Raises ``ValueError`` on
+    mismatched shapes.
     """
     window = _with_history(x, weight, conv_state)  # [B, K-1+T, C], dtype of x
     seq_len, kernel = x.shape[1], weight.shape[1]
@@ -47,7 +53,8 @@ def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
     w32 = weight.to(torch.float32)
     y = taps[:, :seq_len] * w32[:, 0]
     for j in range(1, kernel):
-        y += taps[:, j:j + seq_len] * w32[:, j]  # a product then a sum: no fused multiply-add, same bits anywhere
+        # a product then a sum: no fused multiply-add, same bits anywhere
+        y += taps[:, j:j + seq_len] * w32[:, j]
     if bias is not None:
         y += bias.to(torch.float32)
     y = y.to(weight.dtype)  # HF's convolution output dtype; the activation runs there too
@@ -60,17 +67,19 @@ def causal_conv1d_prefill(x: torch.Tensor, weight: torch.Tensor, bias: torch.Ten
 
 
 def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
-                         bias: torch.Tensor | None = None, activation: Activation = "silu") -> ConvOutput:
+                         bias: torch.Tensor | None = None,
+                         activation: Activation = "silu") -> ConvOutput:
     """One decode step: ``x`` [B, C] after ``conv_state``; returns output [B, C] and the next state.
 
-    ``causal_conv1d_prefill`` on a window of one input: decode steps equal a prefill of the same inputs (exactly
-    before the activation).
+    ``causal_conv1d_prefill`` on a window of one input: decode steps equal a prefill of the same
+    inputs (exactly before the activation).
     """
     result = causal_conv1d_prefill(x.unsqueeze(1), weight, bias, conv_state, activation)
     return ConvOutput(result.output.squeeze(1), result.final_state, None)
 
 
-def _with_history(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor | None) -> torch.Tensor:
+def _with_history(x: torch.Tensor, weight: torch.Tensor,
+                  conv_state: torch.Tensor | None) -> torch.Tensor:
     """[B, K-1+T, C]: the state's K-1 inputs followed by the window, token-major, in x's dtype."""
     if x.dim() != 3 or weight.dim() != 2 or weight.shape[0] != x.shape[2] or weight.shape[1] < 2:
         raise ValueError(f"x must be [B, T, C] and weight [C, K] with K >= 2: x {tuple(x.shape)}, "
@@ -80,5 +89,6 @@ def _with_history(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tenso
     if conv_state is None:
         return F.pad(x, (0, 0, state_shape[2], 0))
     if tuple(conv_state.shape) != state_shape:
-        raise ValueError(f"conv_state must be [B, C, K-1] = {list(state_shape)}, got {tuple(conv_state.shape)}")
+        raise ValueError(f"conv_state must be [B, C, K-1] = {list(state_shape)}, got "
+                         f"{tuple(conv_state.shape)}")
     return torch.cat([conv_state.transpose(1, 2).to(x.dtype), x], dim=1)

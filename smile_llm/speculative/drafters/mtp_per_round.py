@@ -1,7 +1,9 @@
-"""MtpPerRoundDrafter: context-free MTP drafting (Smile's legacy mode) on a ``KvCachePool.for_mtp`` pool.
+"""MtpPerRoundDrafter: context-free MTP drafting (Smile's legacy mode) on a ``KvCachePool.for_mtp``
+pool.
 
-Each round binds one row per sequence for the round's n positions, drafts from the last true hidden state alone and
-unbinds; nothing is kept between rounds. Cheaper per round, weaker drafts than ``MtpHistoryDrafter``.
+Each round binds one row per sequence for the round's n positions, drafts from the last true hidden
+state alone and unbinds; nothing is kept between rounds. Cheaper per round, weaker drafts than
+``MtpHistoryDrafter``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class MtpPerRoundDrafter(MtpDrafterBase):
         rows = max(1, main.num_slots // max(1, max_seq_len))
         layout = KvCacheLayout(c.mtp_num_hidden_layers, c.num_key_value_heads, c.head_dim,
                                max(rows, PER_ROUND_ROWS), MAX_SPECULATIVE_TOKENS + 2)
-        return cls(transformer, KvCachePool.for_mtp(layout, main.device, main.dtype, main.page_size), backend)
+        return cls(transformer,
+                   KvCachePool.for_mtp(layout, main.device, main.dtype, main.page_size), backend)
 
     def bind(self, seq: DraftRow, final_len: int) -> bool:
         """Start tracking ``seq``'s true hidden states; binds nothing in the pool. Always True."""
@@ -41,7 +44,8 @@ class MtpPerRoundDrafter(MtpDrafterBase):
         return True
 
     def absorb(self, seqs: Sequence[DraftRow]) -> None:
-        """Drop every known pending row but the last: only the last true hidden state is ever drafted from."""
+        """Drop every known pending row but the last: only the last true hidden state is ever
+        drafted from."""
         for seq in seqs:
             self._drop_known(seq)
 
@@ -56,14 +60,15 @@ class MtpPerRoundDrafter(MtpDrafterBase):
         return (self.pool.num_slots // ps) // (-(-n // ps))
 
     def propose(self, seqs: Sequence[DraftRow], n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft ``n`` tokens for every (``ready``) sequence on fresh rows (position 0 the anchor, draft d at
-        position d), unbound again before it returns."""
+        """Draft ``n`` tokens for every (``ready``) sequence on fresh rows (position 0 the anchor,
+        draft d at position d), unbound again before it returns."""
         self.absorb(seqs)
         hist, tokens, hidden, rows = self._window(seqs)
         batch = len(seqs)
         self.pool.bind_requests(batch, n)
         try:
-            drafts, probs, _ = self._chain(seqs, hist, tokens, hidden, rows, np.zeros(batch, dtype=np.int64),
+            drafts, probs, _ = self._chain(seqs, hist, tokens, hidden, rows,
+                                           np.zeros(batch, dtype=np.int64),
                                            np.ones(batch, dtype=np.int64), n)
         finally:
             self.pool.unbind_requests()

@@ -1,19 +1,22 @@
-"""NgramDrafter: prompt lookup decoding (vLLM's ``ngram`` method, HF's ``prompt_lookup_num_tokens``).
+"""NgramDrafter: prompt lookup decoding (vLLM's ``ngram`` method, HF's
+``prompt_lookup_num_tokens``).
 
-No draft model, no KV: the drafts are copied from the request's own tokens (prompt and output). For the row's
-tokens ``t[0..L)`` it finds the longest suffix of length ``min_n..max_n`` that occurred earlier (ending before the
-last token; overlaps allowed), the most recent occurrence among the longest, and drafts what followed it. When the
-``p`` tokens between that occurrence and the end are fewer than ``n``, the copy runs on over the drafts themselves
-(draft j is ``t[e + 1 + j % p]``, as if the text kept repeating with period ``p``), so every round has exactly ``n``
-drafts. A row with no match is not ``ready``: it takes a plain step, and tries again on the next one.
+No draft model, no KV: the drafts are copied from the request's own tokens (prompt and output). For
+the row's tokens ``t[0..L)`` it finds the longest suffix of length ``min_n..max_n`` that occurred
+earlier (ending before the last token; overlaps allowed), the most recent occurrence among the
+longest, and drafts what followed it. When the ``p`` tokens between that occurrence and the end are
+fewer than ``n``, the copy runs on over the drafts themselves (draft j is ``t[e + 1 + j % p]``, as
+if the text kept repeating with period ``p``), so every round has exactly ``n`` drafts. A row with
+no match is not ``ready``: it takes a plain step, and tries again on the next one.
 
-Drafts are greedy (no distributions): at temperature 0 the output equals plain greedy decoding, and when sampling
-the target's samples decide what is kept.
+Drafts are greedy (no distributions): at temperature 0 the output equals plain greedy decoding, and
+when sampling the target's samples decide what is kept.
 
-``propose_tree`` drafts a dynamic token tree: the trie of what followed every earlier occurrence of the matched
-suffix (the most recent first, whose copy is the linear draft and the tree's chain), within the shape's nodes per
-depth. Text that repeats with variations (``self.x = x`` then ``self.y = y``) offers each variation as a branch;
-a suffix that occurred once gives the chain alone, a smaller tree than the shape allows.
+``propose_tree`` drafts a dynamic token tree: the trie of what followed every earlier occurrence of
+the matched suffix (the most recent first, whose copy is the linear draft and the tree's chain),
+within the shape's nodes per depth. Text that repeats with variations (``self.x = x`` then
+``self.y = y``) offers each variation as a branch; a suffix that occurred once gives the chain
+alone, a smaller tree than the shape allows.
 """
 
 from __future__ import annotations
@@ -38,9 +41,10 @@ MAX_OCCURRENCES = 16  # occurrences of the matched suffix a tree is built from (
 
 
 def find_ngram_match(tokens: np.ndarray, min_n: int, max_n: int) -> tuple[int, int] | None:
-    """The continuation of the most recent earlier occurrence of the longest suffix of ``tokens`` (int64 ``[L]``,
-    all >= 0) of length ``min_n..max_n``: ``(start, period)`` with ``start = e + 1`` for the occurrence ending at
-    ``e <= L - 2`` and ``period = L - 1 - e``; None when no suffix of ``min_n`` tokens occurred earlier.
+    """The continuation of the most recent earlier occurrence of the longest suffix of ``tokens``
+    (int64 ``[L]``, all >= 0) of length ``min_n..max_n``: ``(start, period)`` with ``start = e + 1``
+    for the occurrence ending at ``e <= L - 2`` and ``period = L - 1 - e``; None when no suffix of
+    ``min_n`` tokens occurred earlier.
 
     >>> find_ngram_match(np.array([5, 6, 7, 9, 5, 6]), 1, 3)  # "5 6" ended at 1: continue with 7
     (2, 4)
@@ -53,9 +57,10 @@ def find_ngram_match(tokens: np.ndarray, min_n: int, max_n: int) -> tuple[int, i
     return matches[0] if matches else None
 
 
-def find_ngram_matches(tokens: np.ndarray, min_n: int, max_n: int, limit: int) -> list[tuple[int, int]]:
-    """``find_ngram_match`` for up to ``limit`` occurrences of the longest matched suffix, the most recent first
-    (empty when none has ``min_n`` tokens).
+def find_ngram_matches(tokens: np.ndarray, min_n: int, max_n: int,
+                       limit: int) -> list[tuple[int, int]]:
+    """``find_ngram_match`` for up to ``limit`` occurrences of the longest matched suffix, the most
+    recent first (empty when none has ``min_n`` tokens).
 
     >>> find_ngram_matches(np.array([5, 6, 7, 5, 6, 8, 5, 6]), 2, 2, 4)  # "5 6" ended at 4 and at 1
     [(5, 3), (2, 6)]
@@ -67,7 +72,8 @@ def find_ngram_matches(tokens: np.ndarray, min_n: int, max_n: int, limit: int) -
     alive = np.ones(cand, dtype=bool)
     matched = np.zeros(cand, dtype=np.int64)  # suffix length matched at each end, capped at max_n
     for k in range(min(max_n, cand)):
-        # an occurrence ending at e matches k + 1 tokens when t[e - k] == t[L - 1 - k] and it matched k
+        # an occurrence ending at e matches k + 1 tokens when t[e - k] == t[L - 1 - k] and it
+        # matched k
         prev = tokens[: cand - k]
         alive[k:] &= prev == tokens[length - 1 - k]
         alive[:k] = False
@@ -81,9 +87,9 @@ def find_ngram_matches(tokens: np.ndarray, min_n: int, max_n: int, limit: int) -
 
 @dataclass
 class NgramState:
-    """One request's tokens in a growing buffer (``tokens[:length]`` = prompt + output so far) and the matches
-    (``find_ngram_matches``, up to ``MAX_OCCURRENCES``, the most recent first) for the length it was last searched
-    at."""
+    """One request's tokens in a growing buffer (``tokens[:length]`` = prompt + output so far) and
+    the matches (``find_ngram_matches``, up to ``MAX_OCCURRENCES``, the most recent first) for the
+    length it was last searched at."""
 
     tokens: np.ndarray  # int64[final_len]
     length: int = 0
@@ -92,14 +98,15 @@ class NgramState:
 
 
 class NgramDrafter:
-    """Prompt lookup drafting (see the module docstring). ``min_n``/``max_n``: the suffix lengths tried (vLLM's
-    ``prompt_lookup_min``/``prompt_lookup_max``, default 5 and 5); ``num_speculative_tokens``: drafts per round for
-    requests that ask for the default. ValueError unless ``1 <= min_n <= max_n`` and
-    ``1 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS``."""
+    """Prompt lookup drafting (see the module docstring). ``min_n``/``max_n``: the suffix lengths
+    tried (vLLM's ``prompt_lookup_min``/``prompt_lookup_max``, default 5 and 5);
+    ``num_speculative_tokens``: drafts per round for requests that ask for the default. ValueError
+    unless ``1 <= min_n <= max_n`` and ``1 <= num_speculative_tokens <= MAX_SPECULATIVE_TOKENS``."""
 
     def __init__(self, min_n: int = DEFAULT_MIN_N, max_n: int = DEFAULT_MAX_N,
                  num_speculative_tokens: int = DEFAULT_TOKENS) -> None:
-        for name, value in (("min_n", min_n), ("max_n", max_n), ("num_speculative_tokens", num_speculative_tokens)):
+        for name, value in (("min_n", min_n), ("max_n", max_n),
+                            ("num_speculative_tokens", num_speculative_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if min_n > max_n:
@@ -133,14 +140,15 @@ class NgramDrafter:
         return 1 << 30
 
     def _matches(self, seq: DraftRow, st: NgramState) -> list[tuple[int, int]]:
-        """The matches for ``seq``'s current tokens, the most recent first (searched once per length; empty when
-        none)."""
+        """The matches for ``seq``'s current tokens, the most recent first (searched once per
+        length; empty when none)."""
         total = len(seq.prompt) + len(seq.tokens)
         if st.length < total:
             st.tokens[st.length : total] = seq.tokens[st.length - len(seq.prompt) :]
             st.length = total
         if st.searched_at != total:
-            st.matches = find_ngram_matches(st.tokens[:total], self.min_n, self.max_n, MAX_OCCURRENCES)
+            st.matches = find_ngram_matches(st.tokens[:total], self.min_n, self.max_n,
+                                            MAX_OCCURRENCES)
             st.searched_at = total
         return st.matches
 
@@ -150,7 +158,8 @@ class NgramDrafter:
         return st is not None and bool(self._matches(seq, st))
 
     def propose(self, seqs: Sequence[DraftRow], n: int) -> tuple[torch.Tensor, None]:
-        """``n`` copied drafts per (``ready``) row: int64 ``[B, n]`` on the CPU, no distributions."""
+        """``n`` copied drafts per (``ready``) row: int64 ``[B, n]`` on the CPU, no
+        distributions."""
         out = np.empty((len(seqs), n), dtype=np.int64)
         steps = np.arange(n)
         for b, seq in enumerate(seqs):
@@ -163,11 +172,12 @@ class NgramDrafter:
         return torch.from_numpy(out), None
 
     def propose_tree(self, seqs: Sequence[DraftRow], branching: tuple[int, ...]) -> DraftTree:
-        """A trie per (``ready``) row of the continuations of up to ``MAX_OCCURRENCES`` occurrences of its matched
-        suffix, the most recent first (its continuation, the linear draft, is the chain: slots 1..k), each
-        ``len(branching)`` tokens long, with at most ``branching[j]`` nodes at depth j (a continuation stops where
-        its depth is full). Rows with fewer nodes than the largest are padded with copies of their first node, which
-        acceptance never reaches (the first child holding a token wins); ``DraftTree.sizes`` counts each row's own."""
+        """A trie per (``ready``) row of the continuations of up to ``MAX_OCCURRENCES`` occurrences
+        of its matched suffix, the most recent first (its continuation, the linear draft, is the
+        chain: slots 1..k), each ``len(branching)`` tokens long, with at most ``branching[j]`` nodes
+        at depth j (a continuation stops where its depth is full). Rows with fewer nodes than the
+        largest are padded with copies of their first node, which acceptance never reaches (the
+        first child holding a token wins); ``DraftTree.sizes`` counts each row's own."""
         k = len(branching)
         steps = np.arange(k)
         rows: list[tuple[list[int], list[int]]] = []
@@ -193,7 +203,8 @@ class NgramDrafter:
         m = max(len(t) for t, _ in rows)
         out_tokens = np.array([t + [t[0]] * (m - len(t)) for t, _ in rows], dtype=np.int64)
         out_parents = np.array([p + [0] * (m - len(p)) for _, p in rows], dtype=np.int64)
-        return DraftTree(torch.from_numpy(out_tokens), out_parents, np.array([len(t) for t, _ in rows]))
+        return DraftTree(torch.from_numpy(out_tokens), out_parents,
+                         np.array([len(t) for t, _ in rows]))
 
     def extend(self, seq: DraftRow, hidden: torch.Tensor, start: int) -> None:
         pass
