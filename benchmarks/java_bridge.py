@@ -273,9 +273,9 @@ def generation(jpype: Any, bench: Any, model: Any, repeats: int, new: int, promp
         def run() -> float:
             c = bench.generate(jids, new, listener)
             key = "java+listener" if listener else "java"
-            tokens[key] = [int(t) for t in c.tokens()]
+            tokens[key] = [int(t) for t in c.completionTokens()]
             if listener:
-                streamed.append(int(bench.lastStreamedChars()) - len(str(c.text())))
+                streamed.append(int(bench.lastStreamedChars()) - len(str(c.content())))
             return int(bench.lastGenerateNanos()) / 1e9
         return run
 

@@ -102,7 +102,8 @@ def main() -> None:
     plain.pool.prefix_reuse_enabled = False
     from java_bridge.adapters import LanguageModelAdapter
 
-    jplain = jpype.JObject(LanguageModelAdapter(plain), jpype.JClass("smile.llm.LanguageModel"))
+    jplain = jpype.JObject(LanguageModelAdapter(plain),
+                           jpype.JClass("smile.llm.python.PythonLanguageModel"))
     plain.generate(prompts[0], 8)  # warm-up
     tokens = args.callers * args.new
     print(f"(a) {args.callers} Java threads calling generate() at once vs one after another from one Java thread")

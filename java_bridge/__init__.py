@@ -7,6 +7,7 @@ Python implementations with ``smile.llm.python.Bridge`` and runs the application
 Python main thread.
 
 - ``build``: compiles the Java sources under ``java_bridge/java`` into a jar, cached by source hash.
+- ``jdks``: finds the installed JDKs and picks the newest one that can load the application.
 - ``jvm``: starts the JVM once per process with that jar on the class path.
 - ``errors``: one decorator that maps Python errors to Java exceptions at the boundary.
 - ``adapters``: the Java interfaces implemented over ``smile_llm`` objects (one module per

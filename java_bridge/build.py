@@ -1,4 +1,5 @@
-"""Compiling the bridge's Java sources with ``javac --release 17`` (Maven is not needed), cached by source hash."""
+"""Compiling the bridge's Java sources with ``javac --release 17`` (Maven is not needed), cached by
+source hash."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 JAVA_SOURCES = Path(__file__).parent / "java"
+JAVA_RELEASE = 17  # javac --release of the bridge jar: it loads on every JDK >= 17
 
 
 def cache_dir() -> Path:
@@ -30,15 +32,16 @@ def _digest(files: list[Path], extra: str = "") -> str:
     return h.hexdigest()[:16]
 
 
-def compile_java(sources: list[Path] | Path, out_dir: Path, classpath: list[Path] | None = None) -> Path:
-    """``javac --release 17`` of ``sources`` (files, or every ``.java`` under a folder) into ``out_dir``.
-    RuntimeError with javac's output if it fails or no ``javac`` is on PATH."""
+def compile_java(sources: list[Path] | Path, out_dir: Path,
+                 classpath: list[Path] | None = None) -> Path:
+    """``javac --release 17`` of ``sources`` (files, or every ``.java`` under a folder) into
+    ``out_dir``. RuntimeError with javac's output if it fails or no ``javac`` is on PATH."""
     files = _sources(sources) if isinstance(sources, Path) else list(sources)
     javac = shutil.which("javac")
     if javac is None:
         raise RuntimeError("javac not found on PATH: install a JDK 17 or newer")
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [javac, "--release", "17", "-encoding", "UTF-8", "-d", str(out_dir)]
+    cmd = [javac, "--release", str(JAVA_RELEASE), "-encoding", "UTF-8", "-d", str(out_dir)]
     if classpath:
         cmd += ["-cp", os.pathsep.join(str(p) for p in classpath)]
     done = subprocess.run(cmd + [str(f) for f in files], capture_output=True, text=True)
@@ -48,7 +51,8 @@ def compile_java(sources: list[Path] | Path, out_dir: Path, classpath: list[Path
 
 
 def bridge_jar() -> Path:
-    """The jar of the bridge's Java interfaces, built on first use and reused while the sources are unchanged."""
+    """The jar of the bridge's Java interfaces, built on first use and reused while the sources are
+    unchanged."""
     files = _sources(JAVA_SOURCES)
     jar = cache_dir() / f"smile-llm-bridge-{_digest(files)}.jar"
     if jar.exists():
@@ -58,7 +62,8 @@ def bridge_jar() -> Path:
         classes = compile_java(files, Path(tmp) / "classes")
         partial = jar.with_suffix(f".{os.getpid()}.tmp")
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
-            z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: smile-llm java_bridge\n")
+            z.writestr("META-INF/MANIFEST.MF",
+                       "Manifest-Version: 1.0\nCreated-By: smile-llm java_bridge\n")
             for f in sorted(classes.rglob("*.class")):
                 z.write(f, f.relative_to(classes).as_posix())
         os.replace(partial, jar)  # atomic: concurrent builds never see a half-written jar

@@ -5,7 +5,7 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 
-import smile.llm.Completion;
+import smile.llm.ChatCompletion;
 import smile.llm.GenerationListener;
 import smile.llm.LanguageModel;
 import smile.llm.cache.KvCachePool;
@@ -99,14 +99,14 @@ public final class BridgeBench {
 
     // ------------------------------------------------------------------------------------------ (d) generate
     /** One greedy generation from {@link Bridge#languageModel()}; its time is {@link #lastGenerateNanos()}. */
-    public static Completion generate(int[] prompt, int maxGenLen, boolean withListener) {
+    public static ChatCompletion generate(int[] prompt, int maxGenLen, boolean withListener) {
         LanguageModel lm = Bridge.languageModel();
         long[] chunks = {0};
         GenerationListener listener = !withListener ? null : new GenerationListener() {
             @Override public void onText(String chunk) { chunks[0] += chunk.length(); }
         };
         long t0 = System.nanoTime();
-        Completion c = lm.generate(prompt, maxGenLen, 0.0, 1.0, false, 0L, listener);
+        ChatCompletion c = lm.generate(prompt, maxGenLen, 0.0, 1.0, false, 0L, listener);
         lastGenerateNanos = System.nanoTime() - t0;
         lastStreamedChars = chunks[0];
         return c;

@@ -5,6 +5,7 @@ import java.util.concurrent.CyclicBarrier;
 import smile.llm.Completion;
 import smile.llm.LanguageModel;
 import smile.llm.python.Bridge;
+import smile.llm.python.PythonLanguageModel;
 
 /**
  * Timing loops of benchmarks/java_serving.py, timed in Java with System.nanoTime: the same greedy requests sent
@@ -17,7 +18,7 @@ public final class ServingBench {
     public static long sequential(LanguageModel lm, int[][] prompts, int n, int[][] out) {
         long t0 = System.nanoTime();
         for (int i = 0; i < prompts.length; i++) {
-            out[i] = lm.generate(prompts[i], n, 0.0, 1.0, false, 0, null).tokens();
+            out[i] = lm.generate(prompts[i], n, 0.0, 1.0, false, 0, null).completionTokens();
         }
         return System.nanoTime() - t0;
     }
@@ -37,7 +38,7 @@ public final class ServingBench {
                 try {
                     if (pin) Bridge.pinCurrentThread();
                     start.await();
-                    out[row] = lm.generate(prompts[row], n, 0.0, 1.0, false, 0, null).tokens();
+                    out[row] = lm.generate(prompts[row], n, 0.0, 1.0, false, 0, null).completionTokens();
                 } catch (Throwable e) {
                     synchronized (failure) {
                         failure[0] = e;
@@ -56,7 +57,7 @@ public final class ServingBench {
     }
 
     /** submit() of every prompt from the calling thread, then join() of every future. Nanoseconds. */
-    public static long submitted(LanguageModel lm, int[][] prompts, int n, int[][] out) {
+    public static long submitted(PythonLanguageModel lm, int[][] prompts, int n, int[][] out) {
         long t0 = System.nanoTime();
         List<CompletableFuture<Completion>> futures = new ArrayList<>();
         for (int[] p : prompts) futures.add(lm.submit(p, n, 0.0, 1.0, false, 0, null));

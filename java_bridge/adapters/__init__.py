@@ -9,7 +9,8 @@ returned as a long). Listener callbacks into Java run while no Python lock is he
 calls them between steps).
 
 Modules: ``convert`` (Java arrays, checked returns, ByteBuffer views, Smile's value types), ``pool``
-(``KvCachePool``), ``radix`` (``RadixCache``, standalone or a pool's), ``model``
+(``KvCachePool.Backend``), ``pool_graphs`` (its CUDA-graph calls), ``csr`` (its FlashInfer CSRs and
+index buffers as Java values), ``radix`` (``RadixCache``, standalone or a pool's), ``model``
 (``LanguageModel``), ``requests`` (Java arguments to a request, futures and their delivery,
 completions back), ``sampling`` (``smile.llm.SamplingParams`` to Python's, Java field names in error
 messages), ``chat`` (``Message`` lists and template variables to Python values), ``engine``

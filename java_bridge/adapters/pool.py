@@ -1,5 +1,9 @@
-"""``smile.llm.cache.KvCachePool`` implemented over a ``smile_llm.cache.KvCachePool`` (its tree:
-``radix``).
+"""``smile.llm.cache.KvCachePool.Backend`` implemented over a ``smile_llm.cache.KvCachePool`` (its
+tree: ``radix``; its CSRs and index buffers: ``csr``; its graph calls: ``pool_graphs``).
+
+The Java ``KvCachePool`` is a class over a backend. Wherever Java expects a ``KvCachePool`` and gets
+an adapter (a factory's or the model's return value, an argument), the adapter converts to its Java
+pool (a JPype conversion, ``as_java_pool``): the same Java object while Java holds it.
 
 K/V buffers follow Java NIO: each is read or written from its ``position()`` and left with its
 position and limit unchanged (``convert.buffer_view``). The step verbs take a scalar (every active
@@ -10,13 +14,14 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import jpype
 import jpype.nio
 import numpy as np
 import torch
-from jpype import JArray, JClass, JImplements, JInt
+from jpype import JClass, JConversion, JImplements
 
 from smile_llm import KvCachePool
 
@@ -29,20 +34,49 @@ from .convert import (
     java_device,
     java_scalar_type,
 )
+from .csr import JavaCsrs
+from .pool_graphs import GraphCalls
 from .radix import PoolTree, RadixCacheAdapter
 
 
-@JImplements("smile.llm.cache.KvCachePool", deferred=True)
+def _with_calls_of(part: type) -> Callable[[type], type]:
+    """Copies the public methods ``cls`` inherits from ``part`` into ``cls`` itself: JPype accepts
+    only a class's own methods as implementations of its interface."""
+
+    def copy(cls: type) -> type:
+        for name, value in vars(part).items():
+            if callable(value) and not name.startswith("_"):
+                setattr(cls, name, value)
+        return cls
+
+    return copy
+
+
+@JImplements("smile.llm.cache.KvCachePool$Backend", deferred=True)
+@_with_calls_of(GraphCalls)
 @bridged
-class KvCachePoolAdapter:
-    """``smile.llm.cache.KvCachePool`` over a ``smile_llm.cache.KvCachePool``."""
+class KvCachePoolAdapter(GraphCalls):
+    """``smile.llm.cache.KvCachePool.Backend`` over a ``smile_llm.cache.KvCachePool`` (the graph
+    calls are ``GraphCalls``')."""
 
     def __init__(self, pool: KvCachePool) -> None:
         self.pool = pool
+        self.csrs = JavaCsrs(pool.lock)
         self._radix: Any = None  # the Java RadixCache over the pool's tree, made on first use
-        self._radix_lock = threading.Lock()
+        self._lazy_lock = threading.Lock()  # guards the Java objects made on first use
+        self._java: Any = None  # a Java WeakReference to the Java KvCachePool over this adapter
         # keeps exported memory alive as long as the adapter
         self._exported: dict[tuple[str, int], Any] = {}
+
+    def _java_pool(self) -> Any:
+        """The Java ``KvCachePool`` over this adapter: the same object while Java holds it (held
+        through a Java WeakReference, so that no reference cycle crosses the bridge)."""
+        with self._lazy_lock:
+            java = None if self._java is None else self._java.get()
+            if java is None:
+                java = JClass("smile.llm.cache.KvCachePool")(self)
+                self._java = JClass("java.lang.ref.WeakReference")(java)
+            return java
 
     # geometry and counters
     def numLayers(self) -> int:  # noqa: N802
@@ -134,7 +168,7 @@ class KvCachePoolAdapter:
         ``matchPrefix`` under the pool's lock; mutations throw IllegalStateException
         (``radix.PoolTree``). IllegalStateException once the pool is closed."""
         self.pool.radix  # noqa: B018 - PoolClosedError (IllegalStateException) after close()
-        with self._radix_lock:
+        with self._lazy_lock:
             if self._radix is None:
                 self._radix = JClass("smile.llm.cache.RadixCache")(
                     RadixCacheAdapter(PoolTree(self.pool)))
@@ -297,22 +331,19 @@ class KvCachePoolAdapter:
         return checked_int(self.pool.evict(int(num_tokens)), "evict")
 
     # metadata, seal and truncate
-    @staticmethod
-    def _csr(meta: Any) -> Any:
-        rows = [t.detach().cpu().numpy().astype(np.int32).tolist()
-                for t in (meta.indptr, meta.indices, meta.last_page_len)]
-        return JArray(JInt, 2)(rows)
-
     def sharedFlashInferMetadata(self, lengths: Any) -> Any:  # noqa: N802
-        """Java ``int[][] sharedFlashInferMetadata(int[] lengths | int length)``:
-        ``{indptr, indices, lastPageLen}`` of the step CSR (reused / bumped / rebuilt), copied to
-        the host."""
-        return self._csr(self.pool.shared_flashinfer_metadata(int_or_array(lengths)))
+        """Java ``FlashInferKvMetadata sharedFlashInferMetadata(int[] lengths | int length)``: the
+        step CSR (reused / bumped / rebuilt), the same Java object while the pool keeps it."""
+        return self.csrs.owned(self.pool.shared_flashinfer_metadata(int_or_array(lengths)))
 
     def buildFlashInferMetadata(self, lengths: Any) -> Any:  # noqa: N802
-        """Java ``int[][] buildFlashInferMetadata(int[] lengths | int length)``:
-        ``{indptr, indices, lastPageLen}`` of a fresh CSR of the active rows."""
-        return self._csr(self.pool.build_flashinfer_metadata(int_or_array(lengths)))
+        """Java ``FlashInferKvMetadata buildFlashInferMetadata(int[] lengths | int length)``: a
+        fixed CSR of the active rows, a new object every call."""
+        return self.csrs.fixed(self.pool.build_flashinfer_metadata(int_or_array(lengths)))
+
+    def currentStepFlashInferMetadata(self) -> Any:  # noqa: N802
+        """Java ``currentStepFlashInferMetadata()``: the step CSR as it stands, or null."""
+        return self.csrs.owned(self.pool.current_step_metadata())
 
     def clearStepMetadata(self) -> None:  # noqa: N802
         """Java ``clearStepMetadata()``: forget the step CSR."""
@@ -327,11 +358,34 @@ class KvCachePoolAdapter:
         its tensors."""
         return bool(self.pool.seal_length(int_or_array(sealed)))
 
-    def truncateTo(self, sealed: Any, written_end: Any) -> bool:  # noqa: N802
-        """Java ``boolean truncateTo(int[] sealedLen, int[] writtenEnd)`` or ``(int, int)``:
-        ``truncate_to``; IllegalArgumentException if ``writtenEnd < sealedLen`` or beyond a row's
-        capacity."""
-        return bool(self.pool.truncate_to(int_or_array(sealed), int_or_array(written_end)))
+    def truncateTo(self, sealed: Any, written_end: Any, zero: Any = None) -> bool:  # noqa: N802
+        """Java ``boolean truncateTo(int[] sealedLen, int[] writtenEnd[, boolean zeroRejected])`` or
+        ``(int, int[, boolean])``: ``truncate_to``. Without ``zeroRejected`` the pool's
+        ``zero_rejected_kv`` decides whether ``[sealed, written_end)`` is zeroed first; with it, the
+        switch is set to it for this one call under the pool's lock (so no other thread sees the
+        change) and restored after, also when the call fails. IllegalArgumentException if
+        ``writtenEnd < sealedLen``, beyond a row's capacity, or zeroing below a matched prefix."""
+        pool = self.pool
+        sealed, written_end = int_or_array(sealed), int_or_array(written_end)
+        if zero is None:
+            return bool(pool.truncate_to(sealed, written_end))
+        with pool.lock:
+            before = bool(pool.zero_rejected_kv)
+            if before == bool(zero):
+                return bool(pool.truncate_to(sealed, written_end))
+            pool.zero_rejected_kv = bool(zero)
+            try:
+                return bool(pool.truncate_to(sealed, written_end))
+            finally:
+                pool.zero_rejected_kv = before
+
+    def zeroRejectedKv(self) -> bool:  # noqa: N802
+        """Java ``zeroRejectedKv()``: the pool's ``zero_rejected_kv`` switch."""
+        return bool(self.pool.zero_rejected_kv)
+
+    def setZeroRejectedKv(self, on: bool) -> None:  # noqa: N802
+        """Java ``setZeroRejectedKv(boolean)``."""
+        self.pool.zero_rejected_kv = bool(on)
 
     def invalidateRange(self, from_pos: Any, end_pos: Any) -> None:  # noqa: N802
         """Java ``invalidateRange(int[] fromPos, int[] endPos)`` or ``(int, int)``: zero those
@@ -367,3 +421,9 @@ class KvCachePoolAdapter:
         """Java ``close()``: release the pool (idempotent); exported ``keyLayer``/``valueLayer``
         buffers stay valid."""
         self.pool.close()
+
+
+@JConversion("smile.llm.cache.KvCachePool", instanceof=KvCachePoolAdapter)
+def as_java_pool(_cls: Any, adapter: KvCachePoolAdapter) -> Any:
+    """An adapter where Java expects a ``KvCachePool``: its Java pool (``_java_pool``)."""
+    return adapter._java_pool()  # noqa: SLF001 - the conversion is the adapter's own

@@ -150,8 +150,8 @@ class RadixCacheAdapter:
         with self._access.guard():
             tree = self._access.tree()
             m = tree.match_prefix(int_array(tokens), _namespace(extra_key))
-            return JClass("smile.llm.cache.MatchResult")(JArray(JLong)(m.indices.astype(np.int64)),
-                                                        self._handle(m.last_node, tree))
+            slots = JClass("smile.deep.tensor.Tensor").of(JArray(JLong)(m.indices.astype(np.int64)))
+            return JClass("smile.llm.cache.MatchResult")(slots, self._handle(m.last_node, tree))
 
     def insert(self, tokens: Any, kv_indices: Any, extra_key: Any, priority: int) -> Any:
         """Java ``InsertResult insert(int[] tokenIds, long[] kvIndices, String extraKey, int
@@ -229,3 +229,9 @@ class RadixCacheAdapter:
     def pretty(self) -> str:
         """Java ``pretty()`` (behind ``prettyPrint()``): ``RadixCache.pretty``."""
         return self._access.tree().pretty()
+
+    def root(self) -> Any:
+        """Java ``RadixTreeNode root()``: the handle of the tree's current root."""
+        with self._access.guard():
+            tree = self._access.tree()
+            return self._handle(tree.root, tree)

@@ -2,13 +2,13 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.util.Arrays;
 
-import smile.llm.Completion;
+import smile.llm.ChatCompletion;
 import smile.llm.GenerationListener;
-import smile.llm.LanguageModel;
 import smile.llm.cache.KvCacheExhaustedException;
 import smile.llm.cache.KvCacheLayout;
 import smile.llm.cache.KvCachePool;
 import smile.llm.python.Bridge;
+import smile.llm.python.PythonLanguageModel;
 
 /**
  * A JVM application on the Python-backed {@code smile.llm} API. Run it through the launcher (see README.md):
@@ -17,10 +17,10 @@ import smile.llm.python.Bridge;
  * python -m java_bridge --classpath out --main GenerateExample -- "def fibonacci(n):\n" [maxTokens]
  * </pre>
  *
- * Part 1 generates from the launcher's model, streaming text through a {@link GenerationListener}, then generates
- * again from the same prompt to show the prefix cache. Part 2 drives a small {@link KvCachePool} directly: bind,
- * put/get through native-order direct buffers, finish, a prefix-matching second bind, the radix tree, the audit,
- * and a {@link KvCacheExhaustedException}.
+ * Part 1 generates from the launcher's model with Smile's {@code LanguageModel.generate}, streaming text through a
+ * {@link GenerationListener}, then generates again from the same prompt to show the prefix cache. Part 2 drives a
+ * small {@link KvCachePool} directly: bind, put/get through native-order direct buffers, finish, a prefix-matching
+ * second bind, the radix tree, the audit, and a {@link KvCacheExhaustedException}.
  */
 public class GenerateExample {
     public static void main(String[] args) {
@@ -47,10 +47,11 @@ public class GenerateExample {
     }
 
     static void generate(String prompt, int maxTokens) {
-        LanguageModel lm = Bridge.languageModel();
+        PythonLanguageModel lm = Bridge.languageModel();  // Smile's LanguageModel plus the bridge's calls
         int[] ids = lm.encode(prompt);
-        System.out.println("== generate: vocab " + lm.vocabSize() + ", maxSeqLen " + lm.maxSeqLen() + ", prompt "
-                + ids.length + " tokens; " + maxTokens + " new tokens, temperature 0.7, top-p 0.95, seed 7");
+        System.out.println("== generate: model " + lm.name() + " (" + lm.family() + "), vocab " + lm.vocabSize()
+                + ", maxSeqLen " + lm.maxSeqLen() + ", prompt " + ids.length + " tokens; " + maxTokens
+                + " new tokens, temperature 0.7, top-p 0.95, seed 7");
         String first = null;
         for (int run = 1; run <= 2; run++) {
             Streamer streamer = new Streamer();
@@ -58,23 +59,23 @@ public class GenerateExample {
             System.out.print(prompt);  // the completion continues the prompt
             System.out.flush();
             long t0 = System.nanoTime();
-            Completion c = lm.generate(ids, maxTokens, 0.7, 0.95, false, 7L, streamer);
+            ChatCompletion c = lm.generate(ids, maxTokens, 0.7, 0.95, false, 7L, streamer);
             double ms = (System.nanoTime() - t0) / 1e6;
             System.out.println();
-            System.out.println("-- finish reason: " + c.finishReason() + "; " + c.tokens().length + " tokens in "
-                    + String.format("%.0f ms", ms) + ", " + streamer.chunks + " text chunks; listener saw "
-                    + streamer.inputTokens + " input tokens, " + streamer.cachedInputTokens + " cached");
-            System.out.println("-- stats: " + c.statsJson());
-            if (!c.text().isEmpty() && streamer.chunks == 0) {
+            System.out.println("-- finish reason: " + c.reason() + "; " + c.completionTokens().length
+                    + " tokens in " + String.format("%.0f ms", ms) + ", " + streamer.chunks
+                    + " text chunks; listener saw " + streamer.inputTokens + " input tokens, "
+                    + streamer.cachedInputTokens + " cached");
+            if (!c.content().isEmpty() && streamer.chunks == 0) {
                 throw new AssertionError("text was generated but no chunk was streamed");
             }
             if (first == null) {
-                first = c.text();
+                first = c.content();
             } else {
                 // Sampling is seeded by (seed, position), so the cached second run gives the same text.
-                System.out.println("-- same text as run 1: " + first.equals(c.text()) + "; "
+                System.out.println("-- same text as run 1: " + first.equals(c.content()) + "; "
                         + (streamer.cachedInputTokens > 0
-                        ? streamer.cachedInputTokens + " prompt tokens' KV came from the prefix cache (cached_tokens)"
+                        ? streamer.cachedInputTokens + " prompt tokens' KV came from the prefix cache"
                         : "no prompt KV reused: the cache holds whole pages, and a prompt needs more than one page"));
             }
         }

@@ -2,10 +2,12 @@ import java.util.List;
 import java.util.Map;
 import java.util.stream.Stream;
 import smile.llm.Completion;
-import smile.llm.LanguageModel;
 import smile.llm.Message;
 import smile.llm.SamplingParams;
 import smile.llm.python.Bridge;
+import smile.llm.python.ChatMessage;
+import smile.llm.python.PythonLanguageModel;
+import smile.llm.python.TemplateMessage;
 
 /**
  * The full sampling surface from Java: a {@link SamplingParams} builder, a blocking {@code Stream} of text, n samples
@@ -14,7 +16,7 @@ import smile.llm.python.Bridge;
  */
 public final class SamplingExample {
     public static void main(String[] args) {
-        LanguageModel lm = Bridge.languageModel();
+        PythonLanguageModel lm = Bridge.languageModel();
         int n = args.length > 0 ? Integer.parseInt(args[0]) : 48;
         int[] prompt = lm.encode("def parse(text):\n");
 
@@ -45,9 +47,13 @@ public final class SamplingExample {
             System.out.println("token " + i + ": " + c.tokens()[i] + ", top 3 " + c.topLogprobs().get(i));
         }
 
-        // 5. A chat turn, when the model has a chat template (an instruct checkpoint's, with --model DIR).
-        List<Message> chat = List.of(Message.system("You answer in one line."), Message.user("What is a radix tree?"));
+        // 5. A chat turn, when the model has a chat template (an instruct checkpoint's, with --model DIR): Smile's
+        //    Message[] form, then the bridge's list form (Smile's Messages and ChatMessages) with a template variable.
+        Message[] dialog = {Message.system("You answer in one line."), Message.user("What is a radix tree?")};
         try {
+            System.out.println("assistant: " + lm.chat(dialog, n, 0.0, 1.0, false, 0, null).content());
+            List<TemplateMessage> chat = List.of(dialog[0], dialog[1], ChatMessage.assistant("A prefix tree."),
+                    ChatMessage.user("And a trie?"));
             Map<String, Object> vars = Map.of("enable_thinking", false);  // read by templates that know it
             System.out.println("chat prompt: " + lm.encodeChat(chat, true, vars).length + " tokens");
             System.out.println("assistant: " + lm.chat(chat, vars, greedy, null).text());

@@ -6,12 +6,12 @@ import java.util.concurrent.Flow;
 import java.util.concurrent.TimeUnit;
 import smile.llm.Completion;
 import smile.llm.GenerationListener;
-import smile.llm.LanguageModel;
 import smile.llm.cache.KvCachePool;
 import smile.llm.engine.GenerationHandle;
 import smile.llm.engine.GenerationRequest;
 import smile.llm.engine.InferenceEngine;
 import smile.llm.python.Bridge;
+import smile.llm.python.PythonLanguageModel;
 
 /**
  * Serving from Java: futures from one thread, cancellation, a streaming publisher and an engine with its own batch
@@ -20,7 +20,7 @@ import smile.llm.python.Bridge;
  */
 public final class ServingExample {
     public static void main(String[] args) throws Exception {
-        LanguageModel lm = Bridge.languageModel();
+        PythonLanguageModel lm = Bridge.languageModel();
         KvCachePool pool = lm.kvCachePool();
         int n = args.length > 0 ? Integer.parseInt(args[0]) : 32;
 
@@ -32,8 +32,8 @@ public final class ServingExample {
         CompletableFuture.allOf(futures.toArray(new CompletableFuture[0])).get(120, TimeUnit.SECONDS);
         for (int i = 0; i < futures.size(); i++) {
             Completion c = futures.get(i).join();
-            // greedy: the same tokens as a generate() call alone
-            int[] alone = lm.generate(c.prompt(), n, 0.0, 1.0, false, 0, null).tokens();
+            // greedy: the same tokens as Smile's generate() called alone
+            int[] alone = lm.generate(c.prompt(), n, 0.0, 1.0, false, 0, null).completionTokens();
             if (!java.util.Arrays.equals(alone, c.tokens())) throw new AssertionError("request " + i + " differs");
             System.out.println("future " + i + ": " + c.tokens().length + " tokens, " + c.finishReason()
                     + ", equal to generate() alone");
@@ -71,7 +71,7 @@ public final class ServingExample {
             }
             for (GenerationHandle h : handles) {
                 System.out.println("engine request " + h.requestId() + ": "
-                        + h.future().get(60, TimeUnit.SECONDS).tokens().length + " tokens");
+                        + h.future().get(60, TimeUnit.SECONDS).completionTokens().length + " tokens");
             }
             System.out.println("engine: maxInFlight " + engine.maxInFlight() + ", prefillTokenBudget "
                     + engine.prefillTokenBudget());

@@ -31,10 +31,10 @@ def test_async_scenario(jvm: Jvm, name: str) -> None:
     assert jvm.model.server.num_waiting == 0 and jvm.model.server.num_running == 0
 
 
-def test_java_default_prefill_budget_is_the_python_chunk(jvm: Jvm) -> None:
-    from smile_llm.serving.model_runner import PREFILL_CHUNK
-
-    assert int(jvm.cls("smile.llm.engine.InferenceEngine").DEFAULT_PREFILL_TOKEN_BUDGET) == PREFILL_CHUNK
+def test_java_engine_defaults_are_smiles(jvm: Jvm) -> None:
+    engine = jvm.cls("smile.llm.engine.InferenceEngine")
+    assert int(engine.DEFAULT_PREFILL_TOKEN_BUDGET) == 2048
+    assert int(engine.DEFAULT_ADMISSION_TIMEOUT_MS) == 120_000
 
 
 def test_scenario_names_match_java(jvm: Jvm) -> None:

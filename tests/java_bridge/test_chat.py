@@ -1,7 +1,8 @@
-"""Chat from Java (``smile.llm.Message``, ``LanguageModel.encodeChat`` and ``chat``) against Python's ``encode_chat``
-and ``chat`` on the same conversation, through a template that reads every optional field (tool calls with nested
-arguments, reasoning, tool call ids, tools, thinking on and off); the Java-side checks are
-``bridgetest.ChatScenarios``."""
+"""Chat from Java against Python's ``encode_chat`` and ``chat`` on the same conversation: Smile's
+``encodeChat(Message...)`` and ``chat(Message[], ...)``, and the bridge's list forms
+(``smile.llm.Message`` mixed with ``smile.llm.python.ChatMessage``) through a template that reads
+every optional field (tool calls with nested arguments, reasoning, tool call ids, tools, thinking on
+and off); the Java-side checks are ``bridgetest.ChatScenarios``."""
 
 from __future__ import annotations
 
@@ -89,6 +90,14 @@ def chat_model(jvm: Jvm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[A
     model.close()
 
 
+DIALOG = [  # ChatScenarios.dialog(): Smile's Message[]
+    {"role": "system", "content": "the radix tree remembers every prefix"},
+    {"role": "user", "content": "the quick brown fox jumps über"},
+    {"role": "assistant", "content": "paged attention keeps keys"},
+    {"role": "user", "content": "tokens flow from the prompt into the cache"},
+]
+
+
 def drivers(jvm: Jvm) -> Any:
     return jvm.cls("bridgetest.ChatScenarios")
 
@@ -118,6 +127,33 @@ def test_chat_equals_python_chat(jvm: Jvm, chat_model: Any, variables: str) -> N
     py = chat_model.chat(CONVERSATION, 6, tools=kwargs.pop("tools", None), chat_template_kwargs=kwargs)
     assert [int(t) for t in c.tokens()] == py.tokens
     assert str(c.text()) == py.text and str(c.finishReason()) == py.finish_reason
+    assert chat_model.pool.bound_request_count == 0
+
+
+def test_smile_encode_chat_equals_python(jvm: Jvm, chat_model: Any) -> None:
+    """Smile's ``encodeChat(Message...)``: each Role's name is the template's role."""
+    from java_bridge.adapters.chat import python_messages
+
+    assert python_messages(drivers(jvm).dialog()) == DIALOG
+    got = [int(t) for t in drivers(jvm).encodeDialog()]  # varargs, array and list forms agree
+    assert got == chat_model.encode_chat(DIALOG)
+
+
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_smile_chat_equals_python_chat(jvm: Jvm, chat_model: Any, logprobs: bool) -> None:
+    """Smile's ``chat(Message[], ...)`` (greedy) returns Python's ``chat`` as a ChatCompletion."""
+    # the listener's text, the prompt and equality with generate are checked in Java
+    c = drivers(jvm).chatDialog(6, logprobs)
+    py = chat_model.chat(DIALOG, 6, logprobs=logprobs)
+    assert [int(t) for t in c.completionTokens()] == py.tokens
+    assert [int(t) for t in c.promptTokens()] == py.prompt_tokens
+    assert str(c.content()) == py.text and str(c.reason().name()) == py.finish_reason
+    assert str(c.model()) == chat_model.folder.name
+    if logprobs:
+        assert py.logprobs is not None
+        assert [float(x) for x in c.logprobs()] == pytest.approx(py.logprobs, abs=1e-4)
+    else:
+        assert c.logprobs() is None
     assert chat_model.pool.bound_request_count == 0
 
 

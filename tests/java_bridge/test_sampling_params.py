@@ -273,10 +273,12 @@ def test_every_language_model_method_is_implemented_in_python(jvm: Jvm) -> None:
     """JPype 1.7.1 proxies cannot run a Java default method that takes arguments (the proxy looks it up by return
     type alone), so the adapters implement every such method of their interfaces themselves."""
     from java_bridge.adapters import LanguageModelAdapter
-    from java_bridge.adapters.engine import InferenceEngineAdapter
+    from java_bridge.adapters.engine import ServingEngineAdapter
+    from java_bridge.adapters.executor import ModelExecutorAdapter
 
-    for iface, adapter in (("smile.llm.LanguageModel", LanguageModelAdapter),
-                           ("smile.llm.engine.InferenceEngine", InferenceEngineAdapter)):
+    for iface, adapter in (("smile.llm.python.PythonLanguageModel", LanguageModelAdapter),
+                           ("smile.llm.python.PythonModelExecutor", ModelExecutorAdapter),
+                           ("smile.llm.python.PythonServingEngine", ServingEngineAdapter)):
         methods = jvm.cls(iface).class_.getMethods()
         missing = sorted({str(m.getName()) for m in methods if m.getParameterCount() > 0
                           and not jvm.cls("java.lang.reflect.Modifier").isStatic(m.getModifiers())

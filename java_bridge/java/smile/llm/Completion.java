@@ -4,7 +4,9 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * The result of one generation.
+ * The result of one generation through the bridge's own calls ({@link smile.llm.python.PythonLanguageModel}'s
+ * {@code SamplingParams} forms, {@code submit}, {@code stream}, the engine): Smile's {@link ChatCompletion} plus the
+ * stats and the top-k and prompt logprobs. {@link #toChatCompletion(String)} gives the {@code ChatCompletion}.
  *
  * @param text the generated text (cut at a stop string).
  * @param prompt the prompt token ids.
@@ -26,5 +28,15 @@ public record Completion(String text, int[] prompt, int[] tokens, String finishR
     public Completion(String text, int[] prompt, int[] tokens, String finishReason, float[] logprobs,
                       String statsJson) {
         this(text, prompt, tokens, finishReason, logprobs, statsJson, null, null);
+    }
+
+    /**
+     * Smile's {@link ChatCompletion} of this completion, attributed to {@code model}: the same text, prompt, tokens
+     * and logprobs (the arrays themselves, not copies), the reason as {@link FinishReason#valueOf}
+     * ({@link IllegalArgumentException} for a null {@code model} or a reason that is not one of its names).
+     */
+    public ChatCompletion toChatCompletion(String model) {
+        if (finishReason == null) throw new IllegalArgumentException("finishReason must not be null");
+        return new ChatCompletion(model, text, prompt, tokens, FinishReason.valueOf(finishReason), logprobs);
     }
 }

@@ -1,170 +1,77 @@
 package smile.llm;
 
-import java.util.List;
-import java.util.Map;
-import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.Flow;
 import java.util.function.BooleanSupplier;
-import java.util.stream.Stream;
-import smile.llm.cache.KvCachePool;
-import smile.llm.engine.InferenceEngine;
 
 /**
- * A causal language model served from a paged KV pool with prefix reuse (and MTP speculative decoding).
+ * A chat-capable decoder language model, member for member Smile's interface: code written against Smile's
+ * {@code smile.llm.LanguageModel} (calling it, or implementing it) compiles against the bridge unchanged.
  *
- * <p>Every method is safe from any number of threads at once. Concurrent {@code generate} and {@code submit} calls
- * are batched together on the model's one scheduler, and each returns what it would return alone (greedy). A
- * request is validated once, when it is created: a bad field is an {@link IllegalArgumentException} naming it, and
- * nothing is queued. A negative {@code maxGenLen} is refused (as in Python), never clamped.
+ * <p>The bridge's model, {@link smile.llm.python.Bridge#languageModel()}, is a
+ * {@link smile.llm.python.PythonLanguageModel}, which adds tokenization, futures, streams, the
+ * {@link SamplingParams} forms and the continuous-batching engine. Its methods are safe from any number of threads
+ * at once: concurrent calls are batched on the model's one scheduler, and each returns what it would return alone
+ * (greedy).
  *
- * <p>Two forms of each generation call: Smile's positional one ({@code maxGenLen, temperature, topp, logprobs,
- * seed}) and one taking {@link SamplingParams}, which covers every Python sampling field (top-k, min-p, penalties,
- * logit bias, stops, top-k logprobs, prompt logprobs, n samples). Chat conversations are rendered by the model's
- * own chat template ({@link #encodeChat}, {@link #chat}).
+ * <p>Arguments are checked once, in Python, when a request is made: a bad value is an
+ * {@link IllegalArgumentException} naming it, and nothing is queued. Cancellation through {@code cancelRequested}
+ * ends the call with {@link java.util.concurrent.CancellationException}, the request's KV released.
  */
 public interface LanguageModel {
-    /** Token ids of {@code text}. */
-    int[] encode(String text);
+    /**
+     * The label of the model's architecture family. The bridge answers the checkpoint's {@code model_type}
+     * ({@code "qwen3"}, {@code "llama"}, {@code "qwen3_5"}, ...); Smile's own models use labels such as
+     * {@code "meta/llama3"}.
+     */
+    String family();
 
-    /** The text of {@code tokens}; {@link IllegalArgumentException} for any id outside the vocabulary. */
-    String decode(int[] tokens);
+    /** The name of this model instance: the checkpoint folder's name ({@code "default"} for the embedded model). */
+    String name();
+
+    /** The most tokens one request may hold, prompt plus completion. */
+    int maxSeqLen();
 
     /**
-     * Generates up to {@code maxGenLen} new tokens after {@code prompt}: greedy at temperature 0, nucleus sampling
-     * otherwise; seed 0 is nondeterministic. Throws {@link IllegalArgumentException} for tokens outside the
-     * vocabulary or bad settings. The listener is called between steps, on whichever thread advances the model.
+     * The prompt token ids of {@code dialog} rendered by the model's chat template, with the assistant's turn
+     * opened for {@link #generate}. {@link IllegalArgumentException} for a null or empty dialog, a null message, a
+     * role the template rejects, or a model without a chat template (the message names the files looked for).
      */
-    default Completion generate(int[] prompt, int maxGenLen, double temperature, double topp, boolean logprobs,
-                                long seed, GenerationListener listener) {
+    int[] encodeChat(Message... dialog);
+
+    /** {@link #generate(int[], int, double, double, boolean, long, GenerationListener, BooleanSupplier)} that cannot
+     * be cancelled. */
+    default ChatCompletion generate(int[] prompt, int maxGenLen, double temperature, double topp, boolean logprobs,
+                                    long seed, GenerationListener listener) {
         return generate(prompt, maxGenLen, temperature, topp, logprobs, seed, listener, null);
     }
 
     /**
-     * As above; {@code cancelRequested} is polled between steps and ends generation with
-     * {@link java.util.concurrent.CancellationException} ("aborted"), the request's KV released.
+     * Up to {@code maxGenLen} new tokens after {@code prompt}.
+     *
+     * @param prompt the prompt token ids.
+     * @param maxGenLen the most new tokens ({@code >= 0}).
+     * @param temperature the sampling temperature; 0 is greedy.
+     * @param topp the nucleus threshold, in (0, 1].
+     * @param logprobs whether the completion carries each new token's log probability.
+     * @param seed the random seed; 0 draws a fresh one.
+     * @param listener progress callbacks between steps, or null.
+     * @param cancelRequested polled between steps, or null: once it answers true the call ends with
+     *     {@link java.util.concurrent.CancellationException}.
+     * @return the completion, its {@code model} being {@link #name()}.
      */
-    Completion generate(int[] prompt, int maxGenLen, double temperature, double topp, boolean logprobs, long seed,
+    ChatCompletion generate(int[] prompt, int maxGenLen, double temperature, double topp, boolean logprobs, long seed,
+                            GenerationListener listener, BooleanSupplier cancelRequested);
+
+    /** {@link #chat(Message[], int, double, double, boolean, long, GenerationListener, BooleanSupplier)} that cannot
+     * be cancelled. */
+    default ChatCompletion chat(Message[] dialog, int maxGenLen, double temperature, double topp, boolean logprobs,
+                                long seed, GenerationListener listener) {
+        return chat(dialog, maxGenLen, temperature, topp, logprobs, seed, listener, null);
+    }
+
+    /**
+     * The assistant's reply to {@code dialog}: {@link #generate} on {@link #encodeChat}{@code (dialog)}, with the
+     * same arguments and errors as both.
+     */
+    ChatCompletion chat(Message[] dialog, int maxGenLen, double temperature, double topp, boolean logprobs, long seed,
                         GenerationListener listener, BooleanSupplier cancelRequested);
-
-    /**
-     * Queues a request and returns at once; the model advances it on its serving thread (started when needed, and
-     * stopped when idle unless an {@link InferenceEngine} holds it). {@code listener} (may be null) is called in order
-     * on a delivery thread, never on the serving thread, and the future completes after its last call. Cancelling
-     * the future cancels the request: its KV pages are free when {@code cancel} returns. A listener that throws
-     * ends its request and completes the future exceptionally with that exception. Bad input throws
-     * {@link IllegalArgumentException} here, before anything is queued.
-     */
-    CompletableFuture<Completion> submit(int[] prompt, int maxGenLen, double temperature, double topp,
-                                         boolean logprobs, long seed, GenerationListener listener);
-
-    /**
-     * The generated text as a {@link Flow.Publisher} of chunks (never empty) for one subscriber: the request is
-     * submitted when it subscribes, chunks are emitted as demanded, then {@code onComplete} (or {@code onError}
-     * with the request's error). Cancelling the subscription cancels the request and frees its pages. A second
-     * subscriber receives {@code onError(IllegalStateException)}.
-     */
-    default Flow.Publisher<String> stream(int[] prompt, int maxGenLen, double temperature, double topp, long seed) {
-        return TextPublisher.of(listener -> submit(prompt, maxGenLen, temperature, topp, false, seed, listener));
-    }
-
-    // ------------------------------------------------------------------ SamplingParams forms
-
-    /**
-     * Generates after {@code prompt} with {@code params} on the calling thread (batched with every other request
-     * of the model), calling {@code listener} (may be null) between steps. {@link IllegalArgumentException} naming
-     * the field for a bad value (nothing queued), or when {@code params.n() > 1}: use {@link #generateSamples}.
-     */
-    Completion generate(int[] prompt, SamplingParams params, GenerationListener listener);
-
-    /** {@code generate(prompt, params, null)}. */
-    default Completion generate(int[] prompt, SamplingParams params) {
-        return generate(prompt, params, null);
-    }
-
-    /**
-     * {@code params.n()} samples of {@code prompt}, in order, as Python's {@code generate(..., n=k)}: they share
-     * the prompt's KV, computed once. {@link IllegalArgumentException} naming the field for a bad value, nothing
-     * queued.
-     */
-    List<Completion> generateSamples(int[] prompt, SamplingParams params);
-
-    /**
-     * {@link #submit(int[], int, double, double, boolean, long, GenerationListener)} with {@code params}: queued at
-     * once; cancelling the future cancels the request (its pages are free on return).
-     * {@link IllegalArgumentException} for a bad value or {@code params.n() > 1}, nothing queued.
-     */
-    CompletableFuture<Completion> submit(int[] prompt, SamplingParams params, GenerationListener listener);
-
-    /**
-     * {@link #stream(int[], int, double, double, long)} with {@code params}: a {@link Flow.Publisher} of text chunks
-     * for one subscriber. Bad input ({@code params.n() > 1} included) throws {@link IllegalArgumentException} here.
-     */
-    Flow.Publisher<String> stream(int[] prompt, SamplingParams params);
-
-    /**
-     * The generated text as a blocking {@link Stream} of chunks (see {@link TextStream}): the request is queued
-     * now (bad input throws {@link IllegalArgumentException} here), each element waits for the next chunk, and
-     * closing the stream cancels the request and frees its KV pages. Use try-with-resources:
-     * {@code try (Stream<String> s = lm.streamText(ids, params)) { s.forEach(System.out::print); }}.
-     */
-    default Stream<String> streamText(int[] prompt, SamplingParams params) {
-        return TextStream.open(listener -> submit(prompt, params, listener));
-    }
-
-    // ------------------------------------------------------------------ chat
-
-    /**
-     * Token ids of {@code messages} rendered by the model's chat template, exactly as Python's
-     * {@code encode_chat} and Hugging Face's {@code apply_chat_template(..., tokenize=True)}: with
-     * {@code addGenerationPrompt} the assistant's turn is opened. {@code templateVars} (may be null) are the
-     * template's extra variables ({@code "enable_thinking" -> false}, {@code "tools" -> List<Map>}, ...).
-     * {@link IllegalArgumentException} naming the message and field for a malformed message, with the template's
-     * message when it rejects the conversation, or naming the files looked for when the model has no template.
-     */
-    int[] encodeChat(List<Message> messages, boolean addGenerationPrompt, Map<String, Object> templateVars);
-
-    /** {@code encodeChat(messages, true, null)}. */
-    default int[] encodeChat(List<Message> messages) {
-        return encodeChat(messages, true, null);
-    }
-
-    /**
-     * The assistant's next turn: {@code generate(encodeChat(messages, true, templateVars), params, listener)}, as
-     * Python's {@code chat}. A conversation that grows turn by turn reuses its earlier turns' KV through the prefix
-     * cache. Errors as {@link #encodeChat} and {@link #generate(int[], SamplingParams, GenerationListener)}.
-     */
-    Completion chat(List<Message> messages, Map<String, Object> templateVars, SamplingParams params,
-                    GenerationListener listener);
-
-    /** {@code chat(messages, null, params, null)}. */
-    default Completion chat(List<Message> messages, SamplingParams params) {
-        return chat(messages, null, params, null);
-    }
-
-    /** {@code chat(messages, null, params, listener)}. */
-    default Completion chat(List<Message> messages, SamplingParams params, GenerationListener listener) {
-        return chat(messages, null, params, listener);
-    }
-
-    // ------------------------------------------------------------------ serving
-
-    /**
-     * Attaches a continuous-batching engine with a serving thread: at most {@code maxInFlight} requests run at once
-     * and at most {@code prefillTokenBudget} prompt tokens are prefilled per step. {@link IllegalArgumentException}
-     * for values below 1, {@link IllegalStateException} while another engine is attached.
-     */
-    InferenceEngine engine(int maxInFlight, int prefillTokenBudget);
-
-    /** {@code engine(maxInFlight, InferenceEngine.DEFAULT_PREFILL_TOKEN_BUDGET)}. */
-    default InferenceEngine engine(int maxInFlight) {
-        return engine(maxInFlight, InferenceEngine.DEFAULT_PREFILL_TOKEN_BUDGET);
-    }
-
-    /** The model's KV pool. */
-    KvCachePool kvCachePool();
-
-    int vocabSize();
-
-    /** The longest prompt plus completion of one request. */
-    int maxSeqLen();
 }

@@ -13,9 +13,10 @@ import java.util.Objects;
  * parentheses below). The defaults are Python's.
  *
  * <p>The builder does not check values. A request is validated once, in Python, when it is created (by
- * {@link LanguageModel#generate(int[], SamplingParams, GenerationListener)}, {@code submit}, {@code stream},
- * {@code chat}, ...): a bad value is an {@link IllegalArgumentException} whose message names the field by its Java
- * and Python names, for example {@code "topK (top_k) must be >= 0 (0: off), got -1"}, and nothing is queued.
+ * {@link smile.llm.python.PythonLanguageModel#generate(int[], SamplingParams, GenerationListener)},
+ * {@code submit}, {@code stream}, {@code chat}, ...): a bad value is an {@link IllegalArgumentException} whose
+ * message names the field by its Java and Python names, for example
+ * {@code "topK (top_k) must be >= 0 (0: off), got -1"}, and nothing is queued.
  *
  * <ul>
  * <li>{@code maxNewTokens} (max_new_tokens, 256): most new tokens, {@code >= 0}.
@@ -41,7 +42,7 @@ import java.util.Objects;
  *     model's drafter must propose trees (the MTP drafters do). Its depth is the round's drafts, so leave
  *     {@code speculativeTokens} null (or set it to the depth).
  * <li>{@code n} (1): samples of one prompt, sharing its KV; more than one only through
- *     {@link LanguageModel#generateSamples}.
+ *     {@link smile.llm.python.PythonLanguageModel#generateSamples}.
  * </ul>
  */
 public final class SamplingParams {
@@ -279,7 +280,7 @@ public final class SamplingParams {
             return this;
         }
         public Builder minNewTokens(int v) { minNewTokens = v; return this; }
-        /** Samples of the prompt, for {@link LanguageModel#generateSamples}. */
+        /** Samples of the prompt, for {@link smile.llm.python.PythonLanguageModel#generateSamples}. */
         public Builder n(int v) { n = v; return this; }
 
         /** The value; the builder may be reused. */

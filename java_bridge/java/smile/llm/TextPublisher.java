@@ -11,10 +11,10 @@ import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Function;
 
 /**
- * The text of one request as a {@link Flow.Publisher} (see {@link LanguageModel#stream}): a cold, single-subscriber
- * publisher that submits its request when subscribed. Chunks are buffered until demanded (a request's text is
- * bounded by its {@code maxGenLen}), signals are serialised (never two at once), and nothing is signalled after
- * cancellation or a terminal signal. {@code request(n <= 0)} cancels the request and signals
+ * The text of one request as a {@link Flow.Publisher} (see {@link smile.llm.python.PythonLanguageModel#stream}): a
+ * cold, single-subscriber publisher that submits its request when subscribed. Chunks are buffered until demanded (a
+ * request's text is bounded by its {@code maxGenLen}), signals are serialised (never two at once), and nothing is
+ * signalled after cancellation or a terminal signal. {@code request(n <= 0)} cancels the request and signals
  * {@link IllegalArgumentException} (Reactive Streams rule 3.9).
  */
 public final class TextPublisher implements Flow.Publisher<String> {

@@ -15,12 +15,13 @@ import java.util.stream.StreamSupport;
 
 /**
  * The text of one request as a blocking, sequential {@link Stream} of chunks (see
- * {@link LanguageModel#streamText}). The request is queued when the stream is opened (bad input throws there);
- * each element is the next chunk of text (never empty), waiting for it when it has not arrived yet. The stream ends
- * when the request finishes; if the request fails, the operation that reaches its end throws the request's
- * exception ({@link CancellationException} when it was cancelled). {@link Stream#close()} cancels the request: its
- * KV pages are free when {@code close} returns. Use it in try-with-resources so an early exit (a short-circuiting
- * operation such as {@code limit} or {@code findFirst}, an exception) cancels the rest of the generation.
+ * {@link smile.llm.python.PythonLanguageModel#streamText}). The request is queued when the stream is opened (bad
+ * input throws there); each element is the next chunk of text (never empty), waiting for it when it has not arrived
+ * yet. The stream ends when the request finishes; if the request fails, the operation that reaches its end throws
+ * the request's exception ({@link CancellationException} when it was cancelled). {@link Stream#close()} cancels the
+ * request: its KV pages are free when {@code close} returns. Use it in try-with-resources so an early exit (a
+ * short-circuiting operation such as {@code limit} or {@code findFirst}, an exception) cancels the rest of the
+ * generation.
  */
 public final class TextStream {
     private static final Object END = new Object();

@@ -18,12 +18,12 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import smile.llm.Completion;
 import smile.llm.GenerationListener;
-import smile.llm.LanguageModel;
 import smile.llm.cache.KvCachePool;
 import smile.llm.engine.GenerationHandle;
 import smile.llm.engine.GenerationRequest;
 import smile.llm.engine.InferenceEngine;
 import smile.llm.python.Bridge;
+import smile.llm.python.PythonLanguageModel;
 
 /**
  * The asynchronous API from Java: {@code submit} futures, cancellation, the engine's handle and settings, and
@@ -38,7 +38,7 @@ public final class AsyncScenarios {
 
     private static final long TIMEOUT_S = 60;
 
-    static LanguageModel lm() {
+    static PythonLanguageModel lm() {
         return Bridge.languageModel();
     }
 
@@ -47,7 +47,7 @@ public final class AsyncScenarios {
     }
 
     static int[] solo(int[] prompt, int n) {
-        return lm().generate(prompt, n, 0.0, 1.0, false, 0, null).tokens();
+        return lm().generate(prompt, n, 0.0, 1.0, false, 0, null).completionTokens();
     }
 
     /** Nothing bound, the pool consistent, every page free or cached. */
@@ -220,7 +220,8 @@ public final class AsyncScenarios {
             check(longOne.isAborted() && longOne.future().isCancelled(), "aborted handle's future is cancelled");
             for (int i = 0; i < n; i++) {
                 GenerationHandle h = handles.get(i);
-                eq(solo[i], await(h.future()).tokens(), "engine request " + i + " equals solo");
+                eq(solo[i], h.future().get(TIMEOUT_S, TimeUnit.SECONDS).completionTokens(),
+                        "engine request " + i + " equals solo");
                 check(h.requestId() > 0, "request id");
             }
             check(maxInFlight.get() >= 1 && maxInFlight.get() <= 2, "at most 2 in flight, saw " + maxInFlight.get());
@@ -315,7 +316,7 @@ public final class AsyncScenarios {
             int[][] prompts = new int[n][];
             for (int i = 0; i < n; i++) {
                 prompts[i] = prompt(20 + i);
-                solo[i] = lm().generate(prompts[i], newTokens, 0, 1, false, 0, null).text();
+                solo[i] = lm().generate(prompts[i], newTokens, 0, 1, false, 0, null).content();
             }
             OneByOne[] subs = new OneByOne[n];
             Thread[] subscribers = new Thread[n];

@@ -32,11 +32,11 @@ public final class CompatScenarios {
             pool.activateStep(a, b);
             Kv.putConst(pool, 0, 0, 40, 1f, 2f);
             StringBuilder t = new StringBuilder();
-            int[][] shared = scalar ? pool.sharedFlashInferMetadata(40)
-                    : pool.sharedFlashInferMetadata(new int[] {40, 40});
+            int[][] shared = Kv.csr(scalar ? pool.sharedFlashInferMetadata(40)
+                    : pool.sharedFlashInferMetadata(new int[] {40, 40}));
             t.append("shared(40)=").append(Arrays.deepToString(shared));
-            int[][] built = scalar ? pool.buildFlashInferMetadata(33)
-                    : pool.buildFlashInferMetadata(new int[] {33, 33});
+            int[][] built = Kv.csr(scalar ? pool.buildFlashInferMetadata(33)
+                    : pool.buildFlashInferMetadata(new int[] {33, 33}));
             t.append(" built(33)=").append(Arrays.deepToString(built));
             boolean bumped = scalar ? pool.truncateTo(36, 40) : pool.truncateTo(new int[] {36, 36}, new int[] {40, 40});
             t.append(" truncateTo(36,40)=").append(bumped).append(" kvLen=").append(pool.kvLen(a)).append(',')
@@ -53,7 +53,8 @@ public final class CompatScenarios {
             t.append(" sealLength(20)=").append(kept).append(" kvLen=").append(pool.kvLen(a));
             if (scalar) pool.clearStepFlashInferMetadata();
             else pool.clearStepMetadata();
-            t.append(" shared(20)=").append(Arrays.deepToString(pool.sharedFlashInferMetadata(new int[] {20, 20})));
+            t.append(" shared(20)=")
+                    .append(Arrays.deepToString(Kv.csr(pool.sharedFlashInferMetadata(new int[] {20, 20}))));
             expect(IllegalArgumentException.class, "exceeds", () -> {
                 if (scalar) pool.sealLength(65);
                 else pool.sealLength(new int[] {65, 65});
@@ -176,7 +177,7 @@ public final class CompatScenarios {
         eq("float8_e4m3fn", ScalarType.Float8e4m3fn.torchName(), "Float8e4m3fn");
         eq(ScalarType.Half, ScalarType.Float16, "Float16 alias");
         eq(ScalarType.Double, ScalarType.ofTorchName("torch.float64"), "ofTorchName");
-        expect(IllegalArgumentException.class, "no ScalarType", () -> ScalarType.ofTorchName("complex64"));
+        expect(IllegalArgumentException.class, "no ScalarType", () -> ScalarType.ofTorchName("float4_e2m1fn_x2"));
     }
 
     @Scenario

@@ -1,10 +1,11 @@
 package bridgetest;
 
 import java.util.concurrent.CancellationException;
-import smile.llm.Completion;
+import smile.llm.ChatCompletion;
 import smile.llm.GenerationListener;
 import smile.llm.LanguageModel;
 import smile.llm.cache.KvCachePool;
+import smile.llm.python.PythonLanguageModel;
 
 /**
  * Java callers of the Python implementations that catch what arrives and hand it back, so the tests can compare
@@ -87,15 +88,16 @@ public final class ExceptionDrivers {
     }
 
     /** generate with a cancel supplier answering {@code true} from its {@code cancelAfter + 1}-th poll on. */
-    public static Throwable generateCancelled(LanguageModel lm, int[] prompt, int cancelAfter) {
+    public static Throwable generateCancelled(PythonLanguageModel lm, int[] prompt, int cancelAfter) {
         int[] polls = {0};
         int[] generated = {0};
         GenerationListener counter = new GenerationListener() {
             @Override public void onGeneratedTokens(int n) { generated[0] += n; }
         };
         try {
-            Completion c = lm.generate(prompt, 16, 0.0, 1.0, false, 0L, counter, () -> polls[0]++ >= cancelAfter);
-            return none("generate (" + c.tokens().length + " tokens)");
+            ChatCompletion c = lm.generate(prompt, 16, 0.0, 1.0, false, 0L, counter,
+                    () -> polls[0]++ >= cancelAfter);
+            return none("generate (" + c.completionTokens().length + " tokens)");
         } catch (CancellationException e) {
             Check.eq(cancelAfter + 1, polls[0], "cancel polls");
             Check.check(generated[0] < 16, "generation stopped early: " + generated[0] + " tokens");
@@ -117,7 +119,7 @@ public final class ExceptionDrivers {
     }
 
     /** A Java listener's own exception, thrown from {@code event}, must come back from generate unchanged. */
-    public static String listenerThrows(LanguageModel lm, int[] prompt, String event) {
+    public static String listenerThrows(PythonLanguageModel lm, int[] prompt, String event) {
         RuntimeException boom = new ListenerBoom("boom in " + event);
         int[] calls = {0};
         GenerationListener listener = new GenerationListener() {

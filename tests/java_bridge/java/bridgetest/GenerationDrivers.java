@@ -5,12 +5,16 @@ import static bridgetest.Check.eq;
 
 import java.util.ArrayList;
 import java.util.List;
+import smile.llm.ChatCompletion;
 import smile.llm.Completion;
+import smile.llm.FinishReason;
 import smile.llm.GenerationListener;
 import smile.llm.GenerationListeners;
 import smile.llm.LanguageModel;
+import smile.llm.SamplingParams;
+import smile.llm.python.PythonLanguageModel;
 
-/** Generation from Java through {@code smile.llm.LanguageModel}, with Java listeners. */
+/** Generation from Java through {@code smile.llm.LanguageModel} (Smile's form) and the bridge's, with listeners. */
 public final class GenerationDrivers {
     private GenerationDrivers() {}
 
@@ -27,15 +31,33 @@ public final class GenerationDrivers {
         @Override public void onText(String chunk) { events.add("text:" + chunk); text.append(chunk); }
     }
 
+    /** The listener's cached input count of the last {@link #generate} call. */
+    public static volatile int lastCached = -1;
+
     /**
-     * Generates with a recording listener and checks, in Java, what a listener may rely on: input counts first
-     * and once, cached never above input, one generated event per token, the streamed text equal to the
-     * completion's, chunks never empty, logprobs one per token when asked.
+     * Smile's {@code generate} with a recording listener, checking in Java what a listener may rely on: input
+     * counts first and once, cached never above input, one generated event per token, the streamed text equal to
+     * the completion's, chunks never empty, logprobs one per token when asked.
      */
-    public static Completion generate(LanguageModel lm, int[] prompt, int maxGenLen, double temperature, long seed,
-                                      boolean logprobs) {
+    public static ChatCompletion generate(PythonLanguageModel lm, int[] prompt, int maxGenLen, double temperature,
+                                          long seed, boolean logprobs) {
         Recorder r = new Recorder();
-        Completion c = lm.generate(prompt, maxGenLen, temperature, 1.0, logprobs, seed, r);
+        ChatCompletion c = lm.generate(prompt, maxGenLen, temperature, 1.0, logprobs, seed, r);
+        checkEvents(r, prompt);
+        eq(c.completionTokens().length, r.generated, "generated events");
+        eq(c.content(), r.text.toString(), "listener text equals ChatCompletion.content()");
+        eq(prompt, c.promptTokens(), "ChatCompletion.promptTokens()");
+        eq(lm.name(), c.model(), "ChatCompletion.model() is name()");
+        check(c.completionTokens().length <= maxGenLen, "at most maxGenLen tokens");
+        check(c.reason() == FinishReason.stop || c.reason() == FinishReason.length, "reason " + c.reason());
+        checkLogprobs(logprobs, c.logprobs(), c.completionTokens().length);
+        lastCached = r.cached;
+        eq(0, lm.kvCachePool().boundRequestCount(), "generate leaves nothing bound");
+        lm.kvCachePool().checkInvariants();
+        return c;
+    }
+
+    private static void checkEvents(Recorder r, int[] prompt) {
         eq("in:" + prompt.length, r.events.get(0), "first event");
         check(r.events.get(1).startsWith("cache:"), "second event is the cached count: " + r.events.get(1));
         check(r.cached >= 0 && r.cached <= r.input, "cached " + r.cached + " within input " + r.input);
@@ -44,18 +66,35 @@ public final class GenerationDrivers {
             check(e.startsWith("gen:") || e.startsWith("text:"), "event " + i + " is " + e);
             check(!e.equals("text:"), "empty text chunk at event " + i);
         }
+    }
+
+    private static void checkLogprobs(boolean requested, float[] logprobs, int tokens) {
+        if (requested) {
+            check(logprobs != null, "logprobs requested");
+            eq(tokens, logprobs.length, "one logprob per token");
+            for (float lp : logprobs) check(lp <= 0f && !Float.isNaN(lp), "logprob " + lp);
+        } else {
+            check(logprobs == null, "logprobs not requested");
+        }
+    }
+
+    /**
+     * The bridge's {@code generate(prompt, SamplingParams, listener)} with the same settings as {@link #generate}
+     * and the same listener checks; its {@code Completion} also carries the stats, whose cached count must be the
+     * listener's.
+     */
+    public static Completion generateWithStats(PythonLanguageModel lm, int[] prompt, int maxGenLen,
+                                               double temperature, long seed, boolean logprobs) {
+        Recorder r = new Recorder();
+        SamplingParams params = SamplingParams.builder().maxNewTokens(maxGenLen).temperature(temperature)
+                .seed(seed).logprobs(logprobs).build();
+        Completion c = lm.generate(prompt, params, r);
+        checkEvents(r, prompt);
         eq(c.tokens().length, r.generated, "generated events");
         eq(c.text(), r.text.toString(), "listener text equals Completion.text()");
         eq(prompt, c.prompt(), "Completion.prompt()");
-        check(c.tokens().length <= maxGenLen, "at most maxGenLen tokens");
         check(c.finishReason().equals("stop") || c.finishReason().equals("length"), "finishReason");
-        if (logprobs) {
-            check(c.logprobs() != null, "logprobs requested");
-            eq(c.tokens().length, c.logprobs().length, "one logprob per token");
-            for (float lp : c.logprobs()) check(lp <= 0f && !Float.isNaN(lp), "logprob " + lp);
-        } else {
-            check(c.logprobs() == null, "logprobs not requested");
-        }
+        checkLogprobs(logprobs, c.logprobs(), c.tokens().length);
         check(c.statsJson().contains("\"cached_tokens\": " + r.cached + ","),
                 "onCachedInputTokens(" + r.cached + ") matches the stats: " + c.statsJson());
         eq(0, lm.kvCachePool().boundRequestCount(), "generate leaves nothing bound");
@@ -103,17 +142,18 @@ public final class GenerationDrivers {
         java.util.concurrent.CountDownLatch done = new java.util.concurrent.CountDownLatch(1);
         try (java.util.concurrent.SubmissionPublisher<String> pub = new java.util.concurrent.SubmissionPublisher<>()) {
             pub.consume(got::append).thenRun(done::countDown);
-            Completion c = lm.generate(prompt, maxGenLen, 0.0, 1.0, false, 0L, GenerationListeners.toPublisher(pub));
+            ChatCompletion c = lm.generate(prompt, maxGenLen, 0.0, 1.0, false, 0L,
+                    GenerationListeners.toPublisher(pub));
             pub.close();
             check(done.await(10, java.util.concurrent.TimeUnit.SECONDS), "publisher completed");
-            eq(c.text(), got.toString(), "published text");
+            eq(c.content(), got.toString(), "published text");
         }
         return got.toString();
     }
 
     /**
-     * Calls {@code lm.generate} (greedy) from one Java thread per prompt, all at once, and returns each thread's
-     * tokens in prompt order; fails naming the first thread that threw or did not finish within a minute.
+     * Calls Smile's {@code lm.generate} (greedy) from one Java thread per prompt, all at once, and returns each
+     * thread's tokens in prompt order; fails naming the first thread that threw or did not finish within a minute.
      */
     public static int[][] concurrentGreedy(LanguageModel lm, int[][] prompts, int maxGenLen) throws Exception {
         int n = prompts.length;
@@ -126,7 +166,7 @@ public final class GenerationDrivers {
             threads[i] = new Thread(() -> {
                 try {
                     start.await();
-                    out[row] = lm.generate(prompts[row], maxGenLen, 0.0, 1.0, false, 0L, null).tokens();
+                    out[row] = lm.generate(prompts[row], maxGenLen, 0.0, 1.0, false, 0L, null).completionTokens();
                 } catch (Throwable t) {
                     errors[row] = t;
                 }

@@ -2,6 +2,7 @@ package bridgetest;
 
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import smile.llm.cache.FlashInferKvMetadata;
 import smile.llm.cache.KvCachePool;
 
 /** Direct float32 K/V buffers {@code [B, S, H, D]} for the pool's put/get, with exactly representable values. */
@@ -38,6 +39,12 @@ public final class Kv {
     /** Element {@code [row, pos, h, d]} of a {@code [B, len, H, D]} buffer. */
     public static float at(ByteBuffer b, int len, int heads, int dim, int row, int pos, int h, int d) {
         return b.getFloat(4 * (((row * len + pos) * heads + h) * dim + d));
+    }
+
+    /** The parts of a CSR as {indptr, indices, lastPageLen}. */
+    public static int[][] csr(FlashInferKvMetadata meta) {
+        return new int[][] {meta.pagedKvIndptr().intArray(), meta.pagedKvIndices().intArray(),
+                meta.pagedKvLastPageLen().intArray()};
     }
 
     /** Puts {@code value}-filled K and V at {@code start} for {@code seq} positions of every active row. */

@@ -6,11 +6,11 @@ import java.util.Map;
 import java.util.TreeMap;
 import java.util.concurrent.CyclicBarrier;
 import java.util.function.BooleanSupplier;
-import smile.llm.Completion;
+import smile.llm.ChatCompletion;
 import smile.llm.GenerationListener;
-import smile.llm.LanguageModel;
 import smile.llm.cache.KvCachePool;
 import smile.llm.python.Bridge;
+import smile.llm.python.PythonLanguageModel;
 
 /**
  * Good and bad calls into the Python model and a Python pool from many Java threads at once: every outcome is
@@ -50,7 +50,7 @@ public final class MappingUnderLoad {
     public record Expected(String text, int[] ids, int[] prompt, int[] tokens, int maxGenLen) {}
 
     /** Every case once on the calling thread: case -> outcome. */
-    public static Map<String, String> solo(LanguageModel lm, KvCachePool pool, Expected want) {
+    public static Map<String, String> solo(PythonLanguageModel lm, KvCachePool pool, Expected want) {
         Map<String, String> out = new TreeMap<>();
         for (String c : CASES) out.put(c, run(c, lm, pool, want));
         return out;
@@ -60,7 +60,7 @@ public final class MappingUnderLoad {
      * {@code threads} Java threads (those with an odd index pinned first, {@link Bridge#pinCurrentThread()}), each
      * running every case {@code rounds} times, starting together; returns "case => outcome" -> count.
      */
-    public static Map<String, Integer> concurrent(LanguageModel lm, KvCachePool pool, Expected want, int threads,
+    public static Map<String, Integer> concurrent(PythonLanguageModel lm, KvCachePool pool, Expected want, int threads,
                                                   int rounds) throws Exception {
         CyclicBarrier start = new CyclicBarrier(threads);
         List<List<String>> results = new ArrayList<>();
@@ -98,7 +98,7 @@ public final class MappingUnderLoad {
     }
 
     /** One case: "ok" (its result checked against {@code want}) or what it threw. */
-    static String run(String c, LanguageModel lm, KvCachePool pool, Expected want) {
+    static String run(String c, PythonLanguageModel lm, KvCachePool pool, Expected want) {
         int vocab = lm.vocabSize();
         try {
             switch (c) {
@@ -108,8 +108,8 @@ public final class MappingUnderLoad {
                 case "decode-out-of-vocabulary" -> lm.decode(new int[] {1, vocab + 5});
                 case "decode-negative" -> lm.decode(new int[] {-3});
                 case "generate-good" -> {
-                    Completion done = lm.generate(want.prompt(), want.maxGenLen(), 0.0, 1.0, false, 0L, null);
-                    Check.eq(want.tokens(), done.tokens(), "greedy tokens under load");
+                    ChatCompletion done = lm.generate(want.prompt(), want.maxGenLen(), 0.0, 1.0, false, 0L, null);
+                    Check.eq(want.tokens(), done.completionTokens(), "greedy tokens under load");
                 }
                 case "generate-null-prompt" -> lm.generate(null, 4, 0.0, 1.0, false, 0L, null);
                 case "generate-out-of-vocabulary" -> lm.generate(new int[] {1, vocab + 5}, 4, 0.0, 1.0, false, 0L,

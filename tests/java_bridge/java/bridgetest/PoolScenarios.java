@@ -267,14 +267,14 @@ public final class PoolScenarios {
             int id1 = pool.bindRequest(new int[] {1}, 32);
             int id2 = pool.bindRequest(new int[] {1}, 48);
             pool.activateStep(id1, id2);
-            int[][] csr = pool.buildFlashInferMetadata(new int[] {10, 25});
+            int[][] csr = Kv.csr(pool.buildFlashInferMetadata(new int[] {10, 25}));
             eq(3, csr.length, "{indptr, indices, lastPageLen}");
             eq(new int[] {0, 1, 3}, csr[0], "indptr");
             eq(new int[] {10, 9}, csr[2], "lastPageLen");
             long[] slots = pool.slotIndices(25); // row-major, 25 positions per row
             eq(new int[] {(int) (slots[0] / 16), (int) (slots[25] / 16), (int) (slots[25 + 16] / 16)}, csr[1],
                     "indices: the rows' pages in order");
-            int[][] shared = pool.sharedFlashInferMetadata(new int[] {10, 25});
+            int[][] shared = Kv.csr(pool.sharedFlashInferMetadata(new int[] {10, 25}));
             for (int i = 0; i < 3; i++) eq(csr[i], shared[i], "shared CSR part " + i);
             pool.clearStepMetadata();
         }
@@ -290,7 +290,7 @@ public final class PoolScenarios {
             pool.activateStep(id1, id2);
             int[] start = {9, 24};
             pool.put(0, start, 1, Kv.pattern(start, 1, H, D, false), Kv.pattern(start, 1, H, D, true));
-            int[][] csr = pool.buildFlashInferMetadata(new int[] {10, 25});
+            int[][] csr = Kv.csr(pool.buildFlashInferMetadata(new int[] {10, 25}));
             eq(new int[] {0, 1, 3}, csr[0], "indptr");
             eq(new int[] {10, 9}, csr[2], "lastPageLen");
             ByteBuffer[] kv = Kv.get(pool, 0, 25);
@@ -322,10 +322,12 @@ public final class PoolScenarios {
             int id = pool.bindRequests(1, 32)[0];
             for (int layer = 0; layer < 2; layer++) Kv.putConst(pool, layer, 0, 20, 1f, 3f);
             eq(20, pool.kvLen(id), "kvLen after the window");
-            eq(new int[] {4}, pool.sharedFlashInferMetadata(new int[] {20})[2], "lastPageLen at 20");
+            eq(new int[] {4}, pool.sharedFlashInferMetadata(new int[] {20}).pagedKvLastPageLen().intArray(),
+                    "lastPageLen at 20");
             check(pool.truncateTo(new int[] {17}, new int[] {20}), "truncateTo keeps the page count: bumped");
             eq(17, pool.kvLen(id), "kvLen sealed to 17");
-            eq(new int[] {1}, pool.sharedFlashInferMetadata(new int[] {17})[2], "lastPageLen at 17");
+            eq(new int[] {1}, pool.sharedFlashInferMetadata(new int[] {17}).pagedKvLastPageLen().intArray(),
+                    "lastPageLen at 17");
             ByteBuffer[] kv = Kv.get(pool, 0, 20);
             eq(1.0, Kv.at(kv[0], 20, H, D, 0, 16, 0, 0), "K[16] kept");
             pool.invalidateRange(new int[] {17}, new int[] {20});
@@ -336,7 +338,8 @@ public final class PoolScenarios {
             eq(0.0, Kv.at(kv[1], 20, H, D, 0, 18, 0, 0), "layer 1 V[18] zeroed");
             check(!pool.sealLength(new int[] {10}), "sealing into another page count rebuilds");
             eq(10, pool.kvLen(id), "kvLen sealed to 10");
-            eq(new int[] {0, 1}, pool.sharedFlashInferMetadata(new int[] {10})[0], "indptr at 10");
+            eq(new int[] {0, 1}, pool.sharedFlashInferMetadata(new int[] {10}).pagedKvIndptr().intArray(),
+                    "indptr at 10");
             expect(IllegalArgumentException.class, null, () -> pool.truncateTo(new int[] {12}, new int[] {11}));
             eq(10, pool.kvLen(id), "a failed truncateTo changes nothing");
         }

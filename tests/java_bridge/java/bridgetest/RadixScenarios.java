@@ -38,7 +38,7 @@ public final class RadixScenarios {
 
     /** {@code pool.radix().matchPrefix(tokens)}'s slot ids, as ints. */
     static int[] match(KvCachePool pool, int... tokens) {
-        long[] slots = pool.radix().matchPrefix(tokens).indices();
+        long[] slots = pool.radix().matchPrefix(tokens).indices().longArray();
         int[] out = new int[slots.length];
         for (int i = 0; i < out.length; i++) out[i] = Math.toIntExact(slots[i]);
         return out;

@@ -16,9 +16,9 @@ import java.util.concurrent.TimeUnit;
 import java.util.stream.Collectors;
 import java.util.stream.Stream;
 import smile.llm.Completion;
-import smile.llm.LanguageModel;
 import smile.llm.SamplingParams;
 import smile.llm.python.Bridge;
+import smile.llm.python.PythonLanguageModel;
 
 /**
  * {@link SamplingParams} from Java: every builder field (compared with Python's {@code SamplingParams} by the
@@ -31,7 +31,7 @@ public final class SamplingScenarios {
     /** New tokens per request (set from the test's scale). */
     public static int newTokens = 8;
 
-    static LanguageModel lm() {
+    static PythonLanguageModel lm() {
         return Bridge.languageModel();
     }
 
@@ -84,7 +84,7 @@ public final class SamplingScenarios {
 
     /** Each call that takes settings: "generate", "submit", "stream", "streamText", "chat". */
     public static void call(String how, SamplingParams params) {
-        LanguageModel lm = lm();
+        PythonLanguageModel lm = lm();
         switch (how) {
             case "generate": lm.generate(prompt(), params); return;
             case "submit": lm.submit(prompt(), params, null); return;

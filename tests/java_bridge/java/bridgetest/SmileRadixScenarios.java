@@ -35,13 +35,13 @@ public final class SmileRadixScenarios {
         InsertResult r = tree.insert(new int[] {1, 2, 3, 4, 5}, new long[] {10, 11, 12, 13, 14});
         eq(0, r.prefixLen(), "nothing cached before");
         MatchResult m = tree.matchPrefix(new int[] {1, 2, 3, 9, 9});
-        eq(new long[] {10, 11, 12}, m.indices(), "match");
+        eq(new long[] {10, 11, 12}, m.indices().longArray(), "match");
         eq(3, m.length(), "length()");
         check(m.lastNode().id != r.lastNode().id, "the match ends on the new prefix node of the split");
         sizes(tree, 5, 5, 0);
         InsertResult r2 = tree.insert(new int[] {1, 2, 3, 7}, new long[] {20, 21, 22, 23});
         eq(3, r2.prefixLen(), "[1, 2, 3] was cached: slots 20-22 are the caller's duplicates");
-        eq(new long[] {10, 11, 12, 23}, tree.matchPrefix(new int[] {1, 2, 3, 7}).indices(), "match of the branch");
+        eq(new long[] {10, 11, 12, 23}, tree.matchPrefix(new int[] {1, 2, 3, 7}).indices().longArray(), "match of the branch");
         eq(-3, tree.incLockRef(m.lastNode()), "locking [1, 2, 3]");
         sizes(tree, 6, 3, 3);
         eq(new long[] {13, 14, 23}, tree.evict(100), "LRU: [4, 5] then [7]; the locked prefix stays");
@@ -64,10 +64,11 @@ public final class SmileRadixScenarios {
         eq(new long[] {22}, tree.evict(1), "the least recent leaf [4]");
         eq(new long[] {30, 31}, tree.evict(1), "then [7, 8]");
         List<long[]> freed = new ArrayList<>();
-        eq(3, tree.evict(2, freed::add), "[3], then its parent [1, 2] once it is an unlocked leaf");
+        eq(3, tree.evict(2, slots -> freed.add(slots.longArray())),
+                "[3], then its parent [1, 2] once it is an unlocked leaf");
         eq(1, freed.size(), "the callback runs once per call");
         eq(new long[] {12, 10, 11}, freed.get(0), "every evicted slot, in eviction order");
-        eq(0, tree.evict(5, freed::add), "nothing left");
+        eq(0, tree.evict(5, slots -> freed.add(slots.longArray())), "nothing left");
         eq(1, freed.size(), "no callback when nothing was evicted");
         eq(0, tree.evict(5, null), "a null callback");
         sizes(tree, 0, 0, 0);
@@ -118,11 +119,11 @@ public final class SmileRadixScenarios {
         eq(0, tree.insert(new int[] {1, 2, 3}, new long[] {20, 21, 22}).prefixLen(), "the same tokens, default");
         eq(6, tree.totalSize(), "two disjoint paths");
         try (MatchResult m = tree.matchPrefix(new int[] {1, 2, 3}, new String("lora-a"))) {
-            eq(new long[] {10, 11, 12}, m.indices(), "namespaces compare by value");
+            eq(new long[] {10, 11, 12}, m.indices().longArray(), "namespaces compare by value");
         }
         MatchResult m = tree.matchPrefix(new int[] {1, 2, 3});
         m.close();
-        eq(new long[] {20, 21, 22}, m.indices(), "close() leaves the indices");
+        eq(new long[] {20, 21, 22}, m.indices().longArray(), "close() leaves the indices");
         eq(-3, tree.incLockRef(m.lastNode()), "and the node usable");
         sizes(tree, 6, 3, 3);
     }

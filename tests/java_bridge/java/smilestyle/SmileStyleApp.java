@@ -7,6 +7,8 @@ import java.util.Arrays;
 import java.util.List;
 import smile.deep.tensor.Device;
 import smile.deep.tensor.ScalarType;
+import smile.deep.tensor.Tensor;
+import smile.llm.cache.FlashInferKvMetadata;
 import smile.llm.cache.InsertResult;
 import smile.llm.cache.KvCacheLayout;
 import smile.llm.cache.KvCachePool;
@@ -20,9 +22,10 @@ import smile.llm.cache.RadixCache;
  *
  * <p>Where Smile takes or returns a {@code Tensor} the bridge cannot carry, this program uses the bridge's forms:
  * K/V for {@code put}/{@code get} are direct native-order {@code ByteBuffer}s (with an extra {@code seqLen}
- * argument to {@code put}), slot ids are {@code long[]} ({@code MatchResult.indices()}, {@code insert}'s
- * {@code kvIndices}, {@code evict}'s callback), and the FlashInfer CSR is {@code int[][]}. Everything else is
- * Smile's spelling. It checks its own results and exits with status 1 (after printing what differed) on failure.
+ * argument to {@code put}). Slot ids are int64 host tensors as in Smile ({@code MatchResult.indices()},
+ * {@code insert}'s {@code kvIndices}, {@code evict}'s callback). Everything else is Smile's spelling, the FlashInfer CSR
+ * ({@code FlashInferKvMetadata} of host tensors) and {@code new KvCachePool(...)} included. It checks its own
+ * results and exits with status 1 (after printing what differed) on failure.
  */
 public final class SmileStyleApp {
     private static final List<String> failures = new ArrayList<>();
@@ -63,8 +66,9 @@ public final class SmileStyleApp {
             for (int layer = 0; layer < layout.numLayers(); layer++) {
                 pool.put(layer, 0, prompt.length, floats(n, 1f), floats(n, 3f));
             }
-            int[][] csr = pool.sharedFlashInferMetadata(prompt.length);
-            expectEq("[0, 8]", Arrays.toString(csr[0]), "indptr");
+            FlashInferKvMetadata meta = pool.sharedFlashInferMetadata(prompt.length);
+            expectEq("[0, 8]", Arrays.toString(meta.pagedKvIndptr().intArray()), "indptr");
+            expect(meta == pool.sharedFlashInferMetadata(prompt.length), "the step CSR is the same object");
             expect(pool.truncateTo(8, 8), "truncateTo keeps the CSR");
             pool.sealLength(8);
             pool.clearStepFlashInferMetadata();
@@ -83,18 +87,23 @@ public final class SmileStyleApp {
             pool.finishRequest(prompt);
         }
 
+        // Smile's constructor
+        try (KvCachePool pool = new KvCachePool(1, 64, 2, 16, 16, Device.CPU(), ScalarType.Float)) {
+            expectEq(4, pool.freePages(), "new KvCachePool(...): 64 slots in pages of 16");
+        }
+
         // a standalone tree, as Smile's RadixCacheTest uses one
         RadixCache cache = new RadixCache(1);
-        InsertResult first = cache.insert(new int[] {1, 2, 3}, new long[] {100, 101, 102});
+        InsertResult first = cache.insert(new int[] {1, 2, 3}, Tensor.of(new long[] {100, 101, 102}));
         expectEq(0, first.prefixLen(), "prefixLen");
-        InsertResult second = cache.insert(new int[] {1, 2, 4}, new long[] {200, 201, 202});
+        InsertResult second = cache.insert(new int[] {1, 2, 4}, Tensor.of(new long[] {200, 201, 202}));
         expectEq(2, second.prefixLen(), "shared prefix");
         MatchResult m = cache.matchPrefix(new int[] {1, 2, 3, 9});
         expectEq(3, m.length(), "match");
         cache.incLockRef(m.lastNode());
         expectEq(3, cache.protectedSize(), "protectedSize");
         List<Long> freed = new ArrayList<>();
-        int evicted = cache.evict(10, slots -> { for (long s : slots) freed.add(s); });
+        int evicted = cache.evict(10, slots -> { for (long s : slots.longArray()) freed.add(s); });
         expectEq(1, evicted, "only the unlocked leaf goes");
         expectEq(List.of(202L), freed, "freed slots");
         cache.decLockRef(m.lastNode());

@@ -5,12 +5,13 @@ import java.util.Objects;
 /**
  * A compute device: a {@link DeviceType} and an index. Source compatible with the parts of Smile's
  * {@code smile.deep.tensor.Device} that code creating a KV pool uses ({@link #CPU()}, {@link #CUDA()},
- * {@link #CUDA(byte)}, {@link #MPS()}, {@link #type()}, {@link #index()}, {@code isCUDA/isCPU/isMPS}).
+ * {@link #CUDA(byte)}, {@link #MPS()}, {@link #type()}, {@link #index()}, {@code isCUDA/isCPU/isMPS}) and
+ * {@link #emptyCache()}.
  *
- * <p>A value type only: it names a device for the Python side ({@link #toString()} is torch's device string, such
+ * <p>A value type: it names a device for the Python side ({@link #toString()} is torch's device string, such
  * as {@code "cpu"} or {@code "cuda:0"}) and holds no native handle, so Smile's {@code asTorch()},
- * {@code emptyCache()}, {@code setDefaultDevice()} and {@code preferredDevice()} are absent. Two devices with the
- * same type and index are equal.
+ * {@code setDefaultDevice()} and {@code preferredDevice()} are absent. {@link #emptyCache()} acts on the allocator of
+ * the Python process that serves this JVM. Two devices with the same type and index are equal.
  */
 public final class Device {
     private final DeviceType type;
@@ -75,6 +76,18 @@ public final class Device {
 
     public boolean isMPS() {
         return type == DeviceType.MPS;
+    }
+
+    /**
+     * Releases the unoccupied memory that the device's caching allocator holds, as Smile does: on CUDA the launcher's
+     * Python process runs {@code torch.cuda.empty_cache()}, on MPS {@code torch.mps.empty_cache()} (when torch has
+     * MPS). On the CPU it does nothing. It also does nothing when no Python process serves this JVM (not started by
+     * {@code python -m java_bridge}): then no torch allocator holds memory in this process.
+     */
+    public void emptyCache() {
+        if (type == DeviceType.CPU) return;
+        DeviceRuntime.Backend backend = DeviceRuntime.backend();
+        if (backend != null) backend.emptyCache(toString());
     }
 
     /** torch's device string: {@code "cpu"}, {@code "cuda:0"}, or {@code "cuda"} for the current CUDA device. */

@@ -10,7 +10,7 @@ public enum DeviceType {
     /** An NVIDIA GPU. */
     CUDA((byte) 1, "cuda"),
     /** The GPU of macOS devices (Metal). */
-    MPS((byte) 13, "mps");
+    MPS((byte) 9, "mps");
 
     private final byte value;
     private final String torchName;
@@ -20,7 +20,10 @@ public enum DeviceType {
         this.torchName = torchName;
     }
 
-    /** PyTorch's byte code of this device type (CPU 0, CUDA 1, MPS 13), as Smile returns it. */
+    /**
+     * The byte code Smile gives this device type: CPU 0, CUDA 1, MPS 9 (the codes of Smile's native
+     * {@code ST_DeviceType}, not c10's {@code DeviceType} numbering, where MPS is 13).
+     */
     public byte value() {
         return value;
     }

@@ -1,12 +1,14 @@
 package smile.llm.cache;
 
 import java.util.function.Consumer;
+import smile.deep.tensor.Tensor;
 import smile.llm.python.Bridge;
 
 /**
  * Smile's radix prefix cache, backed by the Python {@code smile_llm.cache.RadixCache}: a page-granular compressed
  * prefix tree from token sequences to KV slot ids, with lock counts and LRU eviction. Source compatible with
- * Smile's class except that slot ids cross as {@code long[]} instead of int64 tensors.
+ * Smile's class: slot ids cross as int64 host tensors ({@code smile.deep.tensor.Tensor}), and the {@code long[]}
+ * forms of {@code insert} and {@code evict} are the bridge's additions.
  *
  * <p>Two kinds of tree:
  * <ul>
@@ -41,9 +43,13 @@ public final class RadixCache {
         int protectedSize();
         int pageSize();
         String pretty();
+        /** The handle of the tree's root (a new root after {@code reset()}). */
+        RadixTreeNode root();
     }
 
     private final Backend tree;
+    /** The root's handle, as Smile's package-private field: a miss returns this very object. */
+    RadixTreeNode root;
 
     /** A standalone tree with page size 1. */
     public RadixCache() {
@@ -59,17 +65,19 @@ public final class RadixCache {
     public RadixCache(int pageSize) {
         if (pageSize < 1) throw new IllegalArgumentException("pageSize must be >= 1, got " + pageSize);
         this.tree = Bridge.newRadixCache(pageSize);
+        this.root = tree.root();
     }
 
     /** A tree over {@code backend}; used by the bridge (a pool's {@code radix()}), not by applications. */
     public RadixCache(Backend backend) {
         if (backend == null) throw new IllegalArgumentException("backend must not be null");
         this.tree = backend;
+        this.root = backend.root();
     }
 
     /** The longest cached prefix of {@code tokenIds}, default namespace; see {@link #matchPrefix(int[], String)}. */
     public MatchResult matchPrefix(int[] tokenIds) {
-        return tree.matchPrefix(tokenIds, null);
+        return matchPrefix(tokenIds, null);
     }
 
     /**
@@ -78,7 +86,8 @@ public final class RadixCache {
      * the cached token counts do not change. A miss returns no indices and the root.
      */
     public MatchResult matchPrefix(int[] tokenIds, String extraKey) {
-        return tree.matchPrefix(tokenIds, extraKey);
+        MatchResult m = tree.matchPrefix(tokenIds, extraKey);
+        return m.lastNode().equals(root) ? new MatchResult(m.indices(), root) : m;
     }
 
     /** {@link #insert(int[], long[], String, int)} in the default namespace with priority 0. */
@@ -95,6 +104,21 @@ public final class RadixCache {
         return tree.insert(tokenIds, kvIndices, extraKey, priority);
     }
 
+    /** Smile's form of {@link #insert(int[], long[])}: the slot ids as a one-dimensional int64 tensor. */
+    public InsertResult insert(int[] tokenIds, Tensor kvIndices) {
+        return insert(tokenIds, slotIds(kvIndices), null, 0);
+    }
+
+    /** Smile's form of {@link #insert(int[], long[], String, int)}: the slot ids as an int64 tensor. */
+    public InsertResult insert(int[] tokenIds, Tensor kvIndices, String extraKey, int priority) {
+        return insert(tokenIds, slotIds(kvIndices), extraKey, priority);
+    }
+
+    private static long[] slotIds(Tensor kvIndices) {
+        if (kvIndices == null) throw new IllegalArgumentException("kvIndices must not be null");
+        return kvIndices.longArray();
+    }
+
     /**
      * Evict least-recently-used unlocked leaves (cascading to parents that become unlocked leaves) until
      * {@code numTokens} tokens are gone or nothing is evictable. Returns the evicted slot ids, whole nodes, so
@@ -106,12 +130,12 @@ public final class RadixCache {
 
     /**
      * Smile's callback form: {@link #evict(int)}, then {@code freeCallback} is called <em>once</em> with every evicted
-     * slot id (not once per node as in Smile), and only if something was evicted; a null callback drops them.
-     * Returns the number of evicted tokens.
+     * slot id as an int64 host tensor (not once per node as in Smile), and only if something was evicted; a null
+     * callback drops them. Returns the number of evicted tokens.
      */
-    public int evict(int numTokens, Consumer<long[]> freeCallback) {
+    public int evict(int numTokens, Consumer<Tensor> freeCallback) {
         long[] slots = tree.evict(numTokens);
-        if (freeCallback != null && slots.length > 0) freeCallback.accept(slots);
+        if (freeCallback != null && slots.length > 0) freeCallback.accept(Tensor.of(slots));
         return slots.length;
     }
 
@@ -135,6 +159,7 @@ public final class RadixCache {
     /** Drop every node (earlier node handles become stale); the caller owns whatever slots the tree indexed. */
     public void reset() {
         tree.reset();
+        root = tree.root();
     }
 
     /** Tokens held by the tree. */

@@ -3,8 +3,8 @@ package smile.llm.python;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 import smile.deep.tensor.Device;
+import smile.deep.tensor.DeviceRuntime;
 import smile.deep.tensor.ScalarType;
-import smile.llm.LanguageModel;
 import smile.llm.cache.KvCacheLayout;
 import smile.llm.cache.KvCachePool;
 import smile.llm.cache.RadixCache;
@@ -19,9 +19,15 @@ public final class Bridge {
     private static volatile Factory factory;
 
     /** Creates Python-backed objects on request (registered by the launcher). */
-    public interface Factory {
+    public interface Factory extends DeviceRuntime.Backend {
         KvCachePool newKvCachePool(int numLayers, int numSlots, int numKvHeads, int headDim, int pageSize,
                                    String dtype);
+        /** Smile's {@code new KvCachePool(...)}: a Python pool on {@code device} (torch's device string). */
+        KvCachePool.Backend newKvCachePoolBackend(int numLayers, int numSlots, int numKvHeads, int headDim,
+                                                  int pageSize, String device, String dtype);
+        /** Python's {@code compute_static_kv_budget}: the seven fields of {@code KvCachePool.StaticKvBudget}. */
+        long[] computeStaticKvBudget(long total, long free, double memFraction, long bytesPerToken, int pageSize,
+                                     int maxBatchSize, int maxSeqLen);
         KvCachePool forTesting(int numLayers, int numKvHeads, int headDim, int maxBatchSize, int maxSeqLen);
         /** Python's {@code KvCachePool.for_testing(layout, device)}; {@code device} is torch's device string. */
         KvCachePool forTestingOn(KvCacheLayout layout, String device);
@@ -33,6 +39,9 @@ public final class Bridge {
         KvCachePool forMtpHistory(KvCacheLayout layout, String device, String dtype, int pageSize, int wantSlots);
         /** A new standalone Python {@code RadixCache(pageSize)}. */
         RadixCache.Backend newRadixCache(int pageSize);
+        /** {@code Device.emptyCache()} off the CPU: torch's {@code empty_cache()} for {@code device}. */
+        @Override
+        void emptyCache(String device);
     }
 
     private Bridge() {}
@@ -41,8 +50,10 @@ public final class Bridge {
         REGISTRY.put(name, implementation);
     }
 
+    /** Registers {@code f}, which also serves the device calls ({@code Device.emptyCache()}). */
     public static void registerFactory(Factory f) {
         factory = f;
+        DeviceRuntime.install(f);
     }
 
     /** The object registered under {@code name}. */
@@ -56,9 +67,12 @@ public final class Bridge {
         return type.cast(o);
     }
 
-    /** The default language model (the launcher's --model, or the embedded default model). */
-    public static LanguageModel languageModel() {
-        return get("model", LanguageModel.class);
+    /**
+     * The default language model (the launcher's --model, or the embedded default model): Smile's
+     * {@link smile.llm.LanguageModel} with the bridge's additions.
+     */
+    public static PythonLanguageModel languageModel() {
+        return get("model", PythonLanguageModel.class);
     }
 
     /**
@@ -74,6 +88,20 @@ public final class Bridge {
     public static KvCachePool newKvCachePool(int numLayers, int numSlots, int numKvHeads, int headDim, int pageSize,
                                              String dtype) {
         return factory().newKvCachePool(numLayers, numSlots, numKvHeads, headDim, pageSize, dtype);
+    }
+
+    /** The Python pool behind Smile's {@code new KvCachePool(numLayers, ..., device, dtype)}. */
+    public static KvCachePool.Backend kvCachePoolBackend(int numLayers, int numSlots, int numKvHeads, int headDim,
+                                                         int pageSize, Device device, ScalarType dtype) {
+        return factory().newKvCachePoolBackend(numLayers, numSlots, numKvHeads, headDim, pageSize,
+                notNull(device, "device").toString(), notNull(dtype, "dtype").torchName());
+    }
+
+    /** Smile's {@code KvCachePool.computeStaticKvBudget}, computed by Python's {@code compute_static_kv_budget}. */
+    public static long[] computeStaticKvBudget(long total, long free, double memFraction, long bytesPerToken,
+                                               int pageSize, int maxBatchSize, int maxSeqLen) {
+        return factory().computeStaticKvBudget(total, free, memFraction, bytesPerToken, pageSize, maxBatchSize,
+                maxSeqLen);
     }
 
     /** Smile's {@code KvCachePool.forTesting(layout)}: page size 1, float32, maxBatchSize * maxSeqLen slots. */

@@ -1,7 +1,8 @@
 package bridgetest.apps;
 
-import smile.llm.LanguageModel;
+import smile.llm.SamplingParams;
 import smile.llm.python.Bridge;
+import smile.llm.python.PythonLanguageModel;
 
 /**
  * Asks for the model: with --no-model, Bridge.languageModel() throws IllegalStateException and this exits 1.
@@ -9,9 +10,9 @@ import smile.llm.python.Bridge;
  */
 public class ModelApp {
     public static void main(String[] args) {
-        LanguageModel lm = Bridge.languageModel();
+        PythonLanguageModel lm = Bridge.languageModel();
         System.out.println("ModelApp vocab=" + lm.vocabSize());
-        System.out.println("ModelApp stats=" + lm.generate(lm.encode("def f(x):\n"), 8, 0, 1, false, 0, null)
-                .statsJson());
+        System.out.println("ModelApp stats=" + lm.generate(lm.encode("def f(x):\n"),
+                SamplingParams.builder().maxNewTokens(8).build()).statsJson());
     }
 }
