@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import EngineShutdownError, GenerationCancelled
 from .request import Request, RequestHandle
@@ -35,6 +35,8 @@ from .scheduler import Scheduler
 
 if TYPE_CHECKING:
     from .context import ServingContext
+
+T = TypeVar("T")
 
 IDLE_WAIT_S = 0.5  # how long an idle background driver sleeps between checks for work
 EXIT_WAIT_S = 10.0  # at interpreter exit: the longest wait for the current step to end
@@ -222,6 +224,22 @@ class ServingLoop:
 
     def _between_steps(self) -> _StepLock:
         return _StepLock(self)
+
+    def run_between_steps(self, fn: Callable[[], T], timeout: float | None = None) -> T:
+        """Run ``fn`` on the calling thread between two scheduler steps and return its result: the
+        step lock is held while it runs (a driver yields it to a waiting caller between steps), so
+        no step of this loop interleaves with ``fn`` (a forward over the model's pool outside the
+        scheduler, for example). TimeoutError when the lock is not had within ``timeout`` s (None:
+        as long as it takes); RuntimeError from inside a step (a listener or hook), where ``fn``
+        would run in the middle of it. Nested calls on one thread run at once."""
+        if self.in_step():
+            raise RuntimeError("run_between_steps called from a listener or hook inside a step; "
+                               "call it outside the callback")
+        lock = _StepLock(self, timeout)
+        with lock:
+            if not lock.acquired:
+                raise TimeoutError(f"the serving loop's step lock was not free within {timeout} s")
+            return fn()
 
     # ---------------------------------------------------------- background driver (InferenceEngine)
     def start_thread(self) -> None:

@@ -308,3 +308,45 @@ def test_an_engine_keeps_a_driver_started_by_serve_until_idle(lm, solo):
         handle = engine.submit(PROMPTS[3], SamplingParams(NEW))
         assert handle.result(60).tokens == solo[3]
     assert_no_leak(lm)
+
+
+def test_run_between_steps_runs_while_no_step_does(lm, solo):
+    server = lm.server
+    assert server.run_between_steps(lambda: 42) == 42
+    outside: list[bool] = []
+    handle = lm.submit(PROMPTS[4], SamplingParams(max_new_tokens=NEW))
+    server.serve_until_idle()
+    deadline = time.monotonic() + 120
+    while not handle.done() and time.monotonic() < deadline:
+        # inside fn the step lock is ours: no thread is inside a step
+        outside.append(server.run_between_steps(lambda: server._stepping is None, 60))
+    assert handle.result(60).tokens == solo[4]
+    assert outside and all(outside)
+    seen: list[BaseException] = []
+
+    class Inside:
+        def on_generated_tokens(self, n: int) -> None:
+            if not seen:
+                try:
+                    server.run_between_steps(lambda: None, 1)
+                except RuntimeError as exc:
+                    seen.append(exc)
+
+    assert lm.generate(PROMPTS[5], NEW, listener=Inside()).tokens == solo[5]
+    assert seen and "inside a step" in str(seen[0])
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        server.run_between_steps(lambda: (held.set(), release.wait(60)), 60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(60)
+        with pytest.raises(TimeoutError, match="step lock"):
+            server.run_between_steps(lambda: None, 0.05)
+    finally:
+        release.set()
+        holder.join(60)
+    assert not holder.is_alive()
+    assert_no_leak(lm)

@@ -12,7 +12,8 @@ import smile.llm.cache.KvCachePool;
  *
  * <p>The bridged Python model's executor ({@link smile.llm.python.PythonLanguageModel#executor()}) is recognised by
  * the engine, which then hands every request to the model's own Python serving loop instead of driving these steps;
- * its step methods throw {@link UnsupportedOperationException} and {@link #supportsStepApi()} answers false.
+ * its step methods work all the same (they run the Python forward between steps of that serving loop), for code that
+ * drives the model step by step.
  *
  * <p>Logits are host {@link Tensor}s: {@code [rows, vocab]} floats, read with {@link Tensor#floatArray()}.
  */

@@ -145,8 +145,9 @@ public interface PythonLanguageModel extends LanguageModel {
     /**
      * The model as Smile's {@link ModelExecutor} (the same object every call): its tokens, text and pool. An
      * {@link InferenceEngine} built over it ({@code new InferenceEngine(lm.executor(), ...)}) serves every request on
-     * the model's Python serving loop. Its step methods ({@code bind}, {@code prefill}, {@code decodeStep}, ...)
-     * throw {@link UnsupportedOperationException}: the bridge does not hand the Python forward pass to Java code.
+     * the model's Python serving loop. Its step methods ({@code bind}, {@code prefill}, {@code decodeStep},
+     * {@code finish}, {@code evict}) drive the model step by step for code that schedules itself: each runs between
+     * the serving loop's steps, on requests the executor bound (the serving loop never sees them).
      */
     ModelExecutor executor();
 
