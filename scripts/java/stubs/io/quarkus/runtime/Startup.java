@@ -1,0 +1,5 @@
+package io.quarkus.runtime;
+
+/** Stub (out of the bridge's scope). */
+public @interface Startup {
+}

@@ -1,0 +1,5 @@
+package smile.chat;
+
+/** Stub (out of the bridge's scope). */
+public class AggregateTokenThroughput {
+}
