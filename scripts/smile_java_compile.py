@@ -7,19 +7,31 @@ checkout (read from its working files). Nothing of Smile is copied into this rep
 a temporary folder and compiled alone, with the newest installed JDK, against the bridge jar and the project's
 stubs (``scripts/java/stubs/``): minimal declarations of what these files use outside the bridge's scope
 (Jackson, slf4j, Jakarta/Quarkus, ``smile.llm.attention``, ``checkpoint``, ``model``, ``parallel``,
-``smile.util``, ``smile.torch``, the serve module's siblings of ``ChatService``, ``smile.deep.tensor.Index`` and
-``SafeTensors``). The stubs are compiled first; the file under test replaces its own stub (Smile's
-``InferenceEngine`` replaces the bridge's class: it is compiled as a user of the bridge's executor API).
+``smile.util``, ``smile.torch``, the serve module's siblings of ``ChatService``, ``smile.deep.tensor.Index``,
+``NoGradGuard`` and ``SafeTensors``). The file under test replaces its own stub (Smile's ``InferenceEngine``
+replaces the bridge's class: it is compiled as a user of the bridge's executor API).
 
-javac's errors are sorted into three kinds:
+The LibTorch device members of ``smile.deep.tensor.Tensor`` that these files call (views, ``to(Device)``,
+``get(Index...)``, ``Tensor.Options``, scopes, ...) are stubbed too, for this check only: a shadow
+``smile/deep/tensor/Tensor.java`` is built in the temporary folder from the bridge's own source
+(``java_bridge/java/smile/deep/tensor/Tensor.java``, read at run time) with the members of
+``scripts/java/stubs/tensor_device_members.java.txt`` appended, compiled first, and put ahead of the jar on the class
+path. The product's ``Tensor`` stays the host-array subset. The fragment may not declare a name that the bridge's
+``Tensor`` declares (the script refuses to run): an overload there would make a call that the bridge's member does
+not accept compile, hiding a bridge-API error.
+
+javac's errors are sorted into two kinds:
 - bridge API: a member or type of ``smile.llm``, ``smile.llm.cache``, ``smile.llm.engine`` or the bridge's
-  ``smile.deep.tensor`` classes is missing or typed differently. These are the bridge's gaps.
-- device tensor (out of scope): a member of ``smile.deep.tensor.Tensor`` that only LibTorch provides (matmul,
-  views, ``to(Device)``, ...). The bridge's ``Tensor`` is a host-array subset, so these are expected; stubbing them
-  would mean shadowing the bridge's class, so they are counted instead.
-- stub: a member or type of a stubbed class is missing (the stubs are incomplete; not the bridge's concern).
+  ``smile.deep.tensor`` classes is missing or typed differently. These are the bridge's gaps. An error about a
+  ``Tensor`` member that the jar's ``Tensor`` declares (called with another signature) is one. An error that names
+  no class's member (incompatible types, ...) counts as one when the call javac points at has the name of a member
+  of the jar's ``Tensor`` (its receiver is not known: a possible false alarm, never a hidden gap) or when the
+  message names one of the bridge's types.
+- stub: a member or type of a stubbed class is missing or typed differently (the stubs are incomplete; not the
+  bridge's concern). This includes a ``Tensor`` member that the bridge's ``Tensor`` does not declare (a device
+  member that the fragment lacks or declares with another signature) and the members of its stubbed nested types.
 
-Prints each bridge-API error, the first ``--errors`` of the other kinds per file, and a table. Exit status 0 when no
+Prints each bridge-API error, the first ``--errors`` stub errors per file, and a table. Exit status 0 when no
 file has a bridge-API error, 1 otherwise, 2 for bad arguments.
 """
 
@@ -40,6 +52,8 @@ from java_bridge.build import bridge_jar  # noqa: E402 - after the path
 from java_bridge.jdks import discover  # noqa: E402
 
 STUBS = REPO / "scripts" / "java" / "stubs"
+BRIDGE_TENSOR = REPO / "java_bridge" / "java" / "smile" / "deep" / "tensor" / "Tensor.java"
+DEVICE_MEMBERS = STUBS / "tensor_device_members.java.txt"  # not *.java: only ever compiled inside the shadow
 DEFAULT_FILES = ("deep/src/main/java/smile/llm/model/llama/Llama.java",
                  "deep/src/main/java/smile/llm/model/qwen/Qwen.java",
                  "deep/src/main/java/smile/llm/engine/InferenceEngine.java",
@@ -47,7 +61,8 @@ DEFAULT_FILES = ("deep/src/main/java/smile/llm/model/llama/Llama.java",
 BRIDGE_PACKAGES = ("smile/llm/", "smile/llm/cache/", "smile/llm/engine/", "smile/deep/tensor/")
 BRIDGE_SCOPE = ("smile.llm", "smile.llm.cache", "smile.llm.engine")  # smile.deep.tensor: only the jar's classes
 COMPILE_TIMEOUT_S = 300
-JAVAC_FLAGS = ["-nowarn", "-encoding", "UTF-8", "-proc:none", "-Xmaxerrs", "10000"]
+# -Xdiags:verbose: a call that matches no overload names its method and class even when there is one candidate.
+JAVAC_FLAGS = ["-nowarn", "-encoding", "UTF-8", "-proc:none", "-Xmaxerrs", "10000", "-Xdiags:verbose"]
 
 
 def bridge_classes(jar: Path) -> dict[str, str]:
@@ -119,11 +134,44 @@ def _owner(block: str) -> str | None:
     return None
 
 
-def classify(block: str, bridge: dict[str, str], own: set[str], smile: dict[str, set[str]]) -> str:
-    """"bridge", "device" or "stub" for one javac error block. ``own`` holds the simple names declared by the
-    file under test (its nested classes are neither the bridge's nor a stub's); ``smile`` is ``smile_types``."""
-    if re.search(r"location: (?:class|variable \S+ of type) (?:smile\.deep\.tensor\.)?Tensor\n", block + "\n"):
-        return "device"  # Tensor.Options, matmul, ...: LibTorch's
+def tensor_member(block: str) -> str | None:
+    """The name of the ``smile.deep.tensor.Tensor`` member (method, field or nested type) that the error is about,
+    or None when it is not about one."""
+    text = block + "\n"
+    tensor = r"(?:smile\.deep\.tensor\.)?Tensor"
+    if re.search(rf"location: (?:class|variable \S+ of type) {tensor}\n", text):
+        m = re.search(r"symbol: +(?:static )?(?:method|variable|class) (\w+)", text)
+        return m.group(1) if m else None
+    m = re.search(rf"(?:method|constructor) (\w+) in class {tensor} cannot be applied", text)
+    if m:
+        return m.group(1)
+    m = re.search(r"no suitable (?:method|constructor) found for (\w+)\(", text)
+    candidates = re.findall(r"^\s+(?:method|constructor) ([\w.]+)\.\w+\(", text, re.M)
+    if m and candidates and all(c in ("Tensor", "smile.deep.tensor.Tensor") for c in candidates):
+        return m.group(1)
+    return None
+
+
+def call_at_caret(block: str) -> str | None:
+    """The method whose call javac's caret points at (``shape`` for ``int n = t.shape();``), if it points at one."""
+    lines = block.splitlines()
+    if len(lines) < 3 or lines[2].strip() != "^":
+        return None
+    source, col = lines[1], lines[2].index("^")
+    m = re.search(r"(\w+)\s*$", source[:col]) if source[col:col + 1] == "(" else re.match(r"\.?(\w+)\s*\(",
+                                                                                            source[col:])
+    return m.group(1) if m else None
+
+
+def classify(block: str, bridge: dict[str, str], own: set[str], smile: dict[str, set[str]],
+             tensor_names: set[str]) -> str:
+    """"bridge" or "stub" for one javac error block. ``own`` holds the simple names declared by the file under test
+    (its nested classes are neither the bridge's nor a stub's); ``smile`` is ``smile_types``; ``tensor_names`` the
+    member names that the jar's ``Tensor`` declares."""
+    member = tensor_member(block)
+    if member is not None:
+        # The bridge's member called with another signature is the bridge's gap; any other is a device stub's.
+        return "bridge" if member in tensor_names else "stub"
     missing = re.search(r"symbol: +(?:class|interface|variable) ([A-Z]\w*)\n", block + "\n")
     if missing and "location: variable" not in block and missing.group(1) not in own:
         # A type the file names that nothing declares: the bridge's gap if Smile declares it in a bridge package.
@@ -137,26 +185,77 @@ def classify(block: str, bridge: dict[str, str], own: set[str], smile: dict[str,
                 name = name[len(prefix):]
         if name in ("smile.llm", "smile.llm.cache", "smile.llm.engine", "smile.deep.tensor"):
             return "bridge"  # a type missing from one of the bridge's packages (stubbed ones are found)
-        if name == "Tensor":
-            return "device"
         if name in bridge and name.split(".")[0] not in own:
             return "bridge"
         return "stub"
-    # No owner named (incompatible types, ...): the bridge's if it names one of the bridge's types.
+    # No owner named (incompatible types, ...): the bridge's if the call at the caret has the name of a member of
+    # the bridge's Tensor (its receiver is not known, so this may be a false alarm, never a hidden gap) or if the
+    # message names one of the bridge's types.
+    if call_at_caret(block) in tensor_names:
+        return "bridge"
     lines = block.splitlines()  # the message and its detail, not the source line javac echoes
     text = " ".join([lines[0].split(": error: ", 1)[-1], *(s for s in lines[2:] if s.strip() != "^")])
     words = set(re.findall(r"[A-Z]\w*(?:\.[A-Z]\w*)*", text))
     named = {w for w in words if w in bridge and w.split(".")[0] not in own}
-    if named == {"Tensor"}:
-        return "device"
     return "bridge" if named else "stub"
 
 
-def compile_stubs(javac: Path, jar: Path, out: Path, skip: set[str]) -> None:
+def public_members(javap: Path, classpath: str, cls: str) -> set[str]:
+    """The public members of ``cls`` as ``javap -public`` prints them, one declaration each
+    (``public smile.deep.tensor.Tensor to(smile.deep.tensor.Device);``)."""
+    done = subprocess.run([str(javap), "-public", "-cp", classpath, cls], capture_output=True, text=True,
+                          check=True, timeout=COMPILE_TIMEOUT_S)
+    return {line.strip() for line in done.stdout.splitlines() if line.strip().endswith(";")}
+
+
+def member_name(declaration: str) -> str:
+    """``to`` for ``public smile.deep.tensor.Tensor to(smile.deep.tensor.Device);``, ``Colon`` for a field."""
+    return re.search(r"(\w+)(?:\(.*\))?(?: throws [\w.$, ]+)?;$", declaration).group(1)
+
+
+def build_shadow_tensor(javac: Path, jar: Path, root: Path) -> Path:
+    """Compile the bridge's ``Tensor.java`` with the device stubs appended into ``root/classes``; return that folder.
+
+    Stub types that the fragment names (``Index``, ``NoGradGuard``, ``AutoScope``) are read from the stubs' sources,
+    not compiled into it (``-implicit:none``): the folder holds ``Tensor`` and its nested types only."""
+    source = BRIDGE_TENSOR.read_text(encoding="utf-8").rstrip()
+    if not source.endswith("}"):
+        raise SystemExit(f"smile_java_compile: {BRIDGE_TENSOR} does not end with the class's closing brace")
+    fragment = DEVICE_MEMBERS.read_text(encoding="utf-8")
+    src = root / "src" / "smile" / "deep" / "tensor" / "Tensor.java"
+    src.parent.mkdir(parents=True)
+    src.write_text(f"{source[:-1].rstrip()}\n\n{fragment.rstrip()}\n}}\n", encoding="utf-8")
+    classes = root / "classes"
+    done = subprocess.run([str(javac), *JAVAC_FLAGS, "-implicit:none", "-d", str(classes), "-cp", str(jar),
+                           "-sourcepath", str(STUBS), str(src)], capture_output=True, text=True,
+                          timeout=COMPILE_TIMEOUT_S)
+    if done.returncode:
+        raise SystemExit(f"smile_java_compile: the shadow Tensor (bridge's + {DEVICE_MEMBERS.name}) does not "
+                         f"compile:\n{done.stderr}")
+    return classes
+
+
+def check_shadow_tensor(javap: Path, jar: Path, shadow: Path) -> set[str]:
+    """The member names of the jar's ``Tensor``, after checking that the shadow keeps every member of the jar's and
+    adds none of those names (an added overload would let a call the bridge does not accept compile)."""
+    real = public_members(javap, str(jar), "smile.deep.tensor.Tensor")
+    stubbed = public_members(javap, str(shadow), "smile.deep.tensor.Tensor")
+    names = {member_name(d) for d in real}
+    if real - stubbed:
+        raise SystemExit(f"smile_java_compile: the shadow Tensor lacks the jar's {sorted(real - stubbed)}: is the "
+                         "jar built from java_bridge/java?")
+    clash = sorted(d for d in stubbed - real if member_name(d) in names)
+    if clash:
+        raise SystemExit(f"smile_java_compile: {DEVICE_MEMBERS.name} declares names of the bridge's Tensor, "
+                         f"which would hide bridge-API errors: {clash}")
+    return names
+
+
+def compile_stubs(javac: Path, classpath: str, out: Path, skip: set[str]) -> None:
     """Compile the stubs, except the ones whose path (``smile/llm/model/llama/Llama.java``) is in ``skip``."""
     files = [str(p) for p in sorted(STUBS.rglob("*.java")) if str(p.relative_to(STUBS)) not in skip]
-    done = subprocess.run([str(javac), *JAVAC_FLAGS, "-d", str(out), "-cp", str(jar), *files], capture_output=True,
-                          text=True, timeout=COMPILE_TIMEOUT_S)
+    done = subprocess.run([str(javac), *JAVAC_FLAGS, "-d", str(out), "-cp", classpath, *files],
+                          capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     if done.returncode:
         raise SystemExit(f"smile_java_compile: the stubs do not compile:\n{done.stderr}")
 
@@ -166,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smile", type=Path, required=True, help="haifengl/smile: a git repository or checkout")
     ap.add_argument("--ref", default="torch", help="the git ref to read the sources from (default: torch)")
     ap.add_argument("--files", default=",".join(DEFAULT_FILES), help="source paths in Smile, comma-separated")
-    ap.add_argument("--errors", type=int, default=3, help="stub and device errors shown per file")
+    ap.add_argument("--errors", type=int, default=3, help="stub errors shown per file")
     args = ap.parse_args(argv)
     paths = [p for p in args.files.split(",") if p]
     jdks = [j for j in discover() if (j.home / "bin" / "javac").exists()]
@@ -178,43 +277,47 @@ def main(argv: list[str] | None = None) -> int:
     bridge = bridge_classes(jar)
     sources = read_sources(args.smile, args.ref, paths)
     types = smile_types(args.smile, args.ref)
-    rows: list[tuple[str, str, int, int, int]] = []
+    rows: list[tuple[str, str, int, int]] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        shadow = build_shadow_tensor(javac, jar, root / "tensor")
+        tensor_names = check_shadow_tensor(jdks[0].home / "bin" / "javap", jar, shadow)
         for path in paths:
             name = Path(path).name
             if path not in sources:
-                rows.append((name, "not found", 0, 0, 0))
+                rows.append((name, "not found", 0, 0))
                 continue
             text = sources[path]
             package = re.search(r"^package\s+([\w.]+);", text, re.M)
             rel = (package.group(1).replace(".", "/") + "/" if package else "") + name
             stubs = root / "stubs" / name
-            compile_stubs(javac, jar, stubs, {rel})
+            # The shadow Tensor ahead of the jar, so the jar's Tensor is never read.
+            compile_stubs(javac, f"{shadow}:{jar}", stubs, {rel})
             src = root / "src" / name / rel
             src.parent.mkdir(parents=True, exist_ok=True)
             src.write_text(text, encoding="utf-8")
             # The file first on the class path: a class it declares is compiled from it, not read from the jar.
             done = subprocess.run([str(javac), *JAVAC_FLAGS, "-d", str(root / "out" / name), "-cp",
-                                   f"{stubs}:{jar}", "-sourcepath", "", str(src)], capture_output=True, text=True,
-                                  timeout=COMPILE_TIMEOUT_S)
+                                   f"{stubs}:{shadow}:{jar}", "-sourcepath", "", str(src)], capture_output=True,
+                                  text=True, timeout=COMPILE_TIMEOUT_S)
             own = set(re.findall(r"\b(?:class|interface|enum|record)\s+(\w+)", text))
-            kinds: dict[str, list[str]] = {"bridge": [], "device": [], "stub": []}
+            kinds: dict[str, list[str]] = {"bridge": [], "stub": []}
             for block in split_errors(done.stderr):
-                kinds[classify(block, bridge, own, types)].append(block.split(str(src.parent) + "/")[-1])
-            for kind, label in (("bridge", "bridge API"), ("device", "device tensor (out of scope)"),
-                                ("stub", "stub")):
+                kind = classify(block, bridge, own, types, tensor_names)
+                kinds[kind].append(block.split(str(src.parent) + "/")[-1])
+            for kind, label in (("bridge", "bridge API"), ("stub", "stub")):
                 shown = kinds[kind] if kind == "bridge" else kinds[kind][:args.errors]
                 for block in shown:
                     detail = " | ".join(s.strip() for s in block.splitlines()[1:] if s.strip().startswith(
                         ("symbol:", "location:", "required:", "found:", "reason:")))
                     print(f"  {name} [{label}]: {block.splitlines()[0]}" + (f"  ({detail})" if detail else ""))
             compiled = "yes" if done.returncode == 0 else "no"
-            rows.append((name, compiled, len(kinds["bridge"]), len(kinds["stub"]), len(kinds["device"])))
-    print(f"\nSmile's sources ({args.smile}, {args.ref}) against the bridge jar and stubs, {jdks[0]}:")
-    print("| file | compiles | bridge-API errors | stub errors | device tensor (out of scope) |\n|---|---|---|---|---|")
-    for name, compiled, n_bridge, n_stub, n_device in rows:
-        print(f"| {name} | {compiled} | {n_bridge} | {n_stub} | {n_device} |")
+            rows.append((name, compiled, len(kinds["bridge"]), len(kinds["stub"])))
+    print(f"\nSmile's sources ({args.smile}, {args.ref}) against the bridge jar and stubs (device Tensor members "
+          f"stubbed), {jdks[0]}:")
+    print("| file | compiles | bridge-API errors | stub errors |\n|---|---|---|---|")
+    for name, compiled, n_bridge, n_stub in rows:
+        print(f"| {name} | {compiled} | {n_bridge} | {n_stub} |")
     return 1 if any(r[2] or r[1] == "not found" for r in rows) else 0
 
 

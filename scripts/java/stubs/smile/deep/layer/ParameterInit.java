@@ -6,5 +6,13 @@ import smile.deep.tensor.Device;
 public final class ParameterInit {
     private ParameterInit() {}
 
-    public static AutoCloseable uninitialized(Device device) { throw new UnsupportedOperationException(); }
+    public static Scope uninitialized(Device device) { throw new UnsupportedOperationException(); }
+
+    /** Smile's scope handle: its {@code close()} throws no checked exception. */
+    public enum Scope implements AutoCloseable {
+        INSTANCE;
+
+        @Override
+        public void close() {}
+    }
 }
