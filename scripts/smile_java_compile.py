@@ -16,9 +16,9 @@ The LibTorch device members of ``smile.deep.tensor.Tensor`` that these files cal
 ``smile/deep/tensor/Tensor.java`` is built in the temporary folder from the bridge's own source
 (``java_bridge/java/smile/deep/tensor/Tensor.java``, read at run time) with the members of
 ``scripts/java/stubs/tensor_device_members.java.txt`` appended, compiled first, and put ahead of the jar on the class
-path. The product's ``Tensor`` stays the host-array subset. The fragment may not declare a name that the bridge's
-``Tensor`` declares (the script refuses to run): an overload there would make a call that the bridge's member does
-not accept compile, hiding a bridge-API error.
+path (``scripts/java_shadow.py``, shared with ``smile_java_tests.py``). The product's ``Tensor`` stays the host-array
+subset. The fragment may not declare a name that the bridge's ``Tensor`` declares (the script refuses to run): an
+overload there would make a call that the bridge's member does not accept compile, hiding a bridge-API error.
 
 javac's errors are sorted into two kinds:
 - bridge API: a member or type of ``smile.llm``, ``smile.llm.cache``, ``smile.llm.engine`` or the bridge's
@@ -48,21 +48,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "scripts"))
+
 from java_bridge.build import bridge_jar  # noqa: E402 - after the path
 from java_bridge.jdks import discover  # noqa: E402
+from java_shadow import (COMPILE_TIMEOUT_S, JAVAC_FLAGS, TENSOR, build_shadow,  # noqa: E402
+                         check_shadow, compile_stubs)
 
-STUBS = REPO / "scripts" / "java" / "stubs"
-BRIDGE_TENSOR = REPO / "java_bridge" / "java" / "smile" / "deep" / "tensor" / "Tensor.java"
-DEVICE_MEMBERS = STUBS / "tensor_device_members.java.txt"  # not *.java: only ever compiled inside the shadow
 DEFAULT_FILES = ("deep/src/main/java/smile/llm/model/llama/Llama.java",
                  "deep/src/main/java/smile/llm/model/qwen/Qwen.java",
                  "deep/src/main/java/smile/llm/engine/InferenceEngine.java",
                  "serve/src/main/java/smile/chat/ChatService.java")
 BRIDGE_PACKAGES = ("smile/llm/", "smile/llm/cache/", "smile/llm/engine/", "smile/deep/tensor/")
 BRIDGE_SCOPE = ("smile.llm", "smile.llm.cache", "smile.llm.engine")  # smile.deep.tensor: only the jar's classes
-COMPILE_TIMEOUT_S = 300
-# -Xdiags:verbose: a call that matches no overload names its method and class even when there is one candidate.
-JAVAC_FLAGS = ["-nowarn", "-encoding", "UTF-8", "-proc:none", "-Xmaxerrs", "10000", "-Xdiags:verbose"]
 
 
 def bridge_classes(jar: Path) -> dict[str, str]:
@@ -200,66 +198,6 @@ def classify(block: str, bridge: dict[str, str], own: set[str], smile: dict[str,
     return "bridge" if named else "stub"
 
 
-def public_members(javap: Path, classpath: str, cls: str) -> set[str]:
-    """The public members of ``cls`` as ``javap -public`` prints them, one declaration each
-    (``public smile.deep.tensor.Tensor to(smile.deep.tensor.Device);``)."""
-    done = subprocess.run([str(javap), "-public", "-cp", classpath, cls], capture_output=True, text=True,
-                          check=True, timeout=COMPILE_TIMEOUT_S)
-    return {line.strip() for line in done.stdout.splitlines() if line.strip().endswith(";")}
-
-
-def member_name(declaration: str) -> str:
-    """``to`` for ``public smile.deep.tensor.Tensor to(smile.deep.tensor.Device);``, ``Colon`` for a field."""
-    return re.search(r"(\w+)(?:\(.*\))?(?: throws [\w.$, ]+)?;$", declaration).group(1)
-
-
-def build_shadow_tensor(javac: Path, jar: Path, root: Path) -> Path:
-    """Compile the bridge's ``Tensor.java`` with the device stubs appended into ``root/classes``; return that folder.
-
-    Stub types that the fragment names (``Index``, ``NoGradGuard``, ``AutoScope``) are read from the stubs' sources,
-    not compiled into it (``-implicit:none``): the folder holds ``Tensor`` and its nested types only."""
-    source = BRIDGE_TENSOR.read_text(encoding="utf-8").rstrip()
-    if not source.endswith("}"):
-        raise SystemExit(f"smile_java_compile: {BRIDGE_TENSOR} does not end with the class's closing brace")
-    fragment = DEVICE_MEMBERS.read_text(encoding="utf-8")
-    src = root / "src" / "smile" / "deep" / "tensor" / "Tensor.java"
-    src.parent.mkdir(parents=True)
-    src.write_text(f"{source[:-1].rstrip()}\n\n{fragment.rstrip()}\n}}\n", encoding="utf-8")
-    classes = root / "classes"
-    done = subprocess.run([str(javac), *JAVAC_FLAGS, "-implicit:none", "-d", str(classes), "-cp", str(jar),
-                           "-sourcepath", str(STUBS), str(src)], capture_output=True, text=True,
-                          timeout=COMPILE_TIMEOUT_S)
-    if done.returncode:
-        raise SystemExit(f"smile_java_compile: the shadow Tensor (bridge's + {DEVICE_MEMBERS.name}) does not "
-                         f"compile:\n{done.stderr}")
-    return classes
-
-
-def check_shadow_tensor(javap: Path, jar: Path, shadow: Path) -> set[str]:
-    """The member names of the jar's ``Tensor``, after checking that the shadow keeps every member of the jar's and
-    adds none of those names (an added overload would let a call the bridge does not accept compile)."""
-    real = public_members(javap, str(jar), "smile.deep.tensor.Tensor")
-    stubbed = public_members(javap, str(shadow), "smile.deep.tensor.Tensor")
-    names = {member_name(d) for d in real}
-    if real - stubbed:
-        raise SystemExit(f"smile_java_compile: the shadow Tensor lacks the jar's {sorted(real - stubbed)}: is the "
-                         "jar built from java_bridge/java?")
-    clash = sorted(d for d in stubbed - real if member_name(d) in names)
-    if clash:
-        raise SystemExit(f"smile_java_compile: {DEVICE_MEMBERS.name} declares names of the bridge's Tensor, "
-                         f"which would hide bridge-API errors: {clash}")
-    return names
-
-
-def compile_stubs(javac: Path, classpath: str, out: Path, skip: set[str]) -> None:
-    """Compile the stubs, except the ones whose path (``smile/llm/model/llama/Llama.java``) is in ``skip``."""
-    files = [str(p) for p in sorted(STUBS.rglob("*.java")) if str(p.relative_to(STUBS)) not in skip]
-    done = subprocess.run([str(javac), *JAVAC_FLAGS, "-d", str(out), "-cp", classpath, *files],
-                          capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-    if done.returncode:
-        raise SystemExit(f"smile_java_compile: the stubs do not compile:\n{done.stderr}")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--smile", type=Path, required=True, help="haifengl/smile: a git repository or checkout")
@@ -280,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, str, int, int]] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        shadow = build_shadow_tensor(javac, jar, root / "tensor")
-        tensor_names = check_shadow_tensor(jdks[0].home / "bin" / "javap", jar, shadow)
+        shadow = build_shadow(javac, jar, root / "tensor", TENSOR)
+        tensor_names = check_shadow(jdks[0].home / "bin" / "javap", jar, shadow, TENSOR)
         for path in paths:
             name = Path(path).name
             if path not in sources:

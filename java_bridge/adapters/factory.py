@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from jpype import JImplements
+from jpype import JArray, JImplements, JInt
 
 from smile_llm import KvCacheLayout, KvCachePool, RadixCache
-from smile_llm.cache import compute_static_kv_budget
+from smile_llm.cache import compute_static_kv_budget, slots_from_budget
 
 from ..errors import bridged
 from ..threads import pin_current_thread
@@ -61,6 +61,20 @@ class FactoryAdapter:
         checked_int(b.max_useful_slots, "maxUsefulSlots")
         return np.array([b.total, b.used, b.static_budget, b.kv_budget, b.dynamic_reserve,
                          b.num_slots, b.max_useful_slots], dtype=np.int64)
+
+    def slotsFromBudget(self, kv_budget: int, bytes_per_token: int, page_size: int,  # noqa: N802
+                        max_batch: int, max_seq: int) -> Any:
+        """``KvCachePool.slotsFromBudget``: ``slots_from_budget`` as
+        ``int[] {numSlots, maxUsefulSlots}``. IllegalArgumentException for a page size, bytes per
+        token, batch or length below 1."""
+        for name, value in (("pageSize", page_size), ("bytesPerToken", bytes_per_token),
+                            ("maxBatchSize", max_batch), ("maxSeqLen", max_seq)):
+            if int(value) < 1:
+                raise ValueError(f"{name} must be >= 1, got {int(value)}")
+        c = slots_from_budget(int(kv_budget), int(bytes_per_token), int(page_size), int(max_batch),
+                              int(max_seq))
+        return JArray(JInt)([checked_int(c.num_slots, "numSlots"),
+                             checked_int(c.max_useful_slots, "maxUsefulSlots")])
 
     def forTesting(self, layers: int, kv_heads: int, head_dim: int, max_batch: int,  # noqa: N802
                    max_seq: int) -> Any:

@@ -17,7 +17,7 @@ require_java()
 from jpype import JArray, JInt  # noqa: E402 - after require_java
 
 from java_bridge.adapters import KvCachePoolAdapter  # noqa: E402
-from smile_llm.cache import KvCachePool, compute_static_kv_budget  # noqa: E402
+from smile_llm.cache import KvCachePool, compute_static_kv_budget, slots_from_budget  # noqa: E402
 
 from .test_scenarios import run  # noqa: E402
 
@@ -71,6 +71,24 @@ def test_static_kv_budget_errors_carry_the_python_message(jvm: Jvm, args: tuple[
         jvm.cls("smile.llm.cache.KvCachePool").computeStaticKvBudget(*args)
     assert str(java.value.getClass().getName()) == f"java.lang.{java_type}"
     assert str(java.value.getMessage()) == str(py.value)
+
+
+@pytest.mark.parametrize("args", [
+    (100_000, 100, 16, 1, 64),  # 1,000 slots from the budget, capped at one request's 64
+    (10_000, 100, 16, 4, 1000),  # 100 from the budget, floored to 96
+    (10, 100, 16, 4, 1000),  # less than a page: one page
+    (1 << 40, 1024, 64, 3, 1000),  # capped at 3,000 rounded up to 3,008
+])
+def test_slots_from_budget_is_the_python_functions(jvm: Jvm, args: tuple[int, ...]) -> None:
+    # Smile's package-private KvCachePool.slotsFromBudget goes through Bridge.slotsFromBudget
+    java = [int(x) for x in jvm.cls("smile.llm.python.Bridge").slotsFromBudget(*args)]
+    py = slots_from_budget(*args)
+    assert java == [py.num_slots, py.max_useful_slots]
+
+
+def test_slots_from_budget_refuses_bad_sizes_by_name(jvm: Jvm) -> None:
+    with pytest.raises(jvm.jpype.JClass("java.lang.IllegalArgumentException"), match="pageSize"):
+        jvm.cls("smile.llm.python.Bridge").slotsFromBudget(1000, 10, 0, 1, 64)
 
 
 def parts(meta: Any) -> list[list[int]]:

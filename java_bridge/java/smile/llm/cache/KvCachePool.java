@@ -269,6 +269,22 @@ public class KvCachePool implements AutoCloseable {
         return new StaticKvBudget(b[0], b[1], b[2], b[3], b[4], Math.toIntExact(b[5]), Math.toIntExact(b[6]));
     }
 
+    /**
+     * The slots a KV budget of {@code kvBudgetBytes} buys at {@code bytesPerToken}: floored to whole pages (at least
+     * one page) and capped at {@code maxBatchSize * maxSeqLen} rounded up to whole pages (Python's
+     * {@code slots_from_budget}, which {@link #computeStaticKvBudget} uses). Package-private, as in Smile.
+     *
+     * @throws IllegalArgumentException for a page size, bytes per token, batch or length below 1.
+     */
+    static SlotCount slotsFromBudget(long kvBudgetBytes, long bytesPerToken, int pageSize, int maxBatchSize,
+                                     int maxSeqLen) {
+        int[] s = Bridge.slotsFromBudget(kvBudgetBytes, bytesPerToken, pageSize, maxBatchSize, maxSeqLen);
+        return new SlotCount(s[0], s[1]);
+    }
+
+    /** What {@link #slotsFromBudget} returns: the slots to allocate, and the most a full batch could use. */
+    record SlotCount(int numSlots, int maxUsefulSlots) {}
+
     // ------------------------------------------------------------------ geometry and counters
 
     /** The number of attention layers. */

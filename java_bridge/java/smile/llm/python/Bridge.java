@@ -28,6 +28,9 @@ public final class Bridge {
         /** Python's {@code compute_static_kv_budget}: the seven fields of {@code KvCachePool.StaticKvBudget}. */
         long[] computeStaticKvBudget(long total, long free, double memFraction, long bytesPerToken, int pageSize,
                                      int maxBatchSize, int maxSeqLen);
+        /** Python's {@code slots_from_budget}: {@code numSlots} and {@code maxUsefulSlots}. */
+        int[] slotsFromBudget(long kvBudgetBytes, long bytesPerToken, int pageSize, int maxBatchSize,
+                              int maxSeqLen);
         KvCachePool forTesting(int numLayers, int numKvHeads, int headDim, int maxBatchSize, int maxSeqLen);
         /** Python's {@code KvCachePool.for_testing(layout, device)}; {@code device} is torch's device string. */
         KvCachePool forTestingOn(KvCacheLayout layout, String device);
@@ -95,6 +98,12 @@ public final class Bridge {
                                                          int pageSize, Device device, ScalarType dtype) {
         return factory().newKvCachePoolBackend(numLayers, numSlots, numKvHeads, headDim, pageSize,
                 notNull(device, "device").toString(), notNull(dtype, "dtype").torchName());
+    }
+
+    /** Smile's {@code KvCachePool.slotsFromBudget}, computed by Python's {@code slots_from_budget}. */
+    public static int[] slotsFromBudget(long kvBudgetBytes, long bytesPerToken, int pageSize, int maxBatchSize,
+                                        int maxSeqLen) {
+        return factory().slotsFromBudget(kvBudgetBytes, bytesPerToken, pageSize, maxBatchSize, maxSeqLen);
     }
 
     /** Smile's {@code KvCachePool.computeStaticKvBudget}, computed by Python's {@code compute_static_kv_budget}. */
