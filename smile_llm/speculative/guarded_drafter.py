@@ -78,7 +78,8 @@ class GuardedDrafter:
         self.user = drafter
         self.drafter: Drafter = NullDrafter() if drafter is None else drafter
         self.vocab_size = vocab_size
-        self.proposes_trees = callable(getattr(self.drafter, "propose_tree", None))
+        # a plain model's forwards report nothing: no call per row per step on the hot path
+        self.reports = drafter is not None
 
     @property
     def name(self) -> str:
@@ -110,16 +111,18 @@ class GuardedDrafter:
         return max(1, self.drafter.max_batch(n))
 
     def extend(self, seq: GuardedRow, hidden: torch.Tensor, start: int) -> None:
-        if not seq.drafter_failed:
+        if self.reports and not seq.drafter_failed:
             self._call([seq], "extend", lambda: self.drafter.extend(seq, hidden, start))
 
     def absorb(self, seqs: Sequence[GuardedRow]) -> None:
+        if not self.reports:
+            return
         live = [seq for seq in seqs if not seq.drafter_failed]
         if live:
             self._call(live, "absorb", lambda: self.drafter.absorb(live))
 
     def commit(self, seq: GuardedRow, hidden: torch.Tensor) -> None:
-        if not seq.drafter_failed:
+        if self.reports and not seq.drafter_failed:
             self._call([seq], "commit", lambda: self.drafter.commit(seq, hidden))
 
     def release(self, seq: GuardedRow) -> None:

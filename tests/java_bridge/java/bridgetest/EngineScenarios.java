@@ -423,11 +423,12 @@ public final class EngineScenarios {
 
     @Scenario
     public static void closeFailsUnfinishedRequests(List<String> log) throws Exception {
-        Fake fake = new Fake(1000, 64);
+        // 900 tokens at 5 ms each: still running when close() comes, however loaded the machine
+        Fake fake = new Fake(1000, 1000);
         fake.decodeSleepMs = 5;
         InferenceEngine engine = new InferenceEngine(fake, 1);
-        GenerationHandle running = engine.submit(tokens(new int[] {1}, 50, null));
-        GenerationHandle queued = engine.submit(tokens(new int[] {2}, 50, null));
+        GenerationHandle running = engine.submit(tokens(new int[] {1}, 900, null));
+        GenerationHandle queued = engine.submit(tokens(new int[] {2}, 900, null));
         check(fake.decoding.await(TIMEOUT_S, TimeUnit.SECONDS), "decoding");
         engine.close();
         engine.close();

@@ -22,7 +22,8 @@ final class TokenSampler {
         // the smallest set of most likely tokens whose probability reaches topp (at least one token)
         int kept = 0;
         double mass = 0;
-        while (kept < vocab && (kept == 0 || mass < topp * sum)) {
+        // (tokens of probability 0 never enter it, so rounding at the end of the draw cannot pick one)
+        while (kept < vocab && p[order[kept]] > 0 && (kept == 0 || mass < topp * sum)) {
             mass += p[order[kept++]];
         }
         double u = rng.nextDouble() * mass;
