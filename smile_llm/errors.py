@@ -70,3 +70,19 @@ class RequestTypeError(TypeError, ValueError):
 class EngineShutdownError(RuntimeError):
     """The engine or model was shut down before the request completed, or a request
     came after shutdown."""
+
+
+class ConstraintError(ValueError):
+    """A constraint field of a request (``json_schema``, ``json_object``, ``regex``, ``grammar``,
+    ``choice``) that is malformed, over its size or nesting limit, or that the grammar engine
+    refuses; ``field`` names it and the message quotes the engine's own."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class GrammarError(RuntimeError):
+    """The grammar engine failed while a constrained request was generating (it reached a state
+    with no allowed token, or an internal limit). That request alone fails with it; its pages are
+    released."""

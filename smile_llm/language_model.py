@@ -24,10 +24,12 @@ import torch
 from . import env
 from .attention.backend import AttentionBackend, AttentionShape, companion_backend, select_backend
 from .cache import KvCacheLayout, KvCachePool, StatePool
+from .cache.kv_dtype import kv_storage_dtype
 from .distributed.group import TensorParallel, init_tensor_parallel
 from .distributed.lockstep import Leader, follow
 from .models.config import ModelConfig
 from .models.config_hybrid import FULL_ATTENTION
+from .sampling.grammar_compiler import GrammarCompiler
 from .serving.model_runner import ModelRunner
 from .speculative.draft_chain import DraftChain
 from .speculative.draft_policy import DraftPolicy
@@ -77,6 +79,9 @@ class LanguageModel:
         built = build_drafter(drafter, transformer, pool, backend, self.max_seq_len, draft_kv,
                               load_model=type(self).from_pretrained)
         self.runner = ModelRunner(transformer, pool, backend, built)
+        # compiled output constraints (json_schema, regex, ...), cached for the model's life
+        self.grammars = GrammarCompiler(tokenizer, config.vocab_size,
+                                        tuple(config.eos_token_ids))
         if cuda_graphs and pool.device.type == "cuda":
             from .serving.cuda_graphs import (
                 DecodeGraphRunner,
@@ -239,7 +244,8 @@ class LanguageModel:
         """What the serving layer needs of this model (``ServingContext``): the runner, tokenizer,
         vocabulary, stop ids, longest request and whether rounds may be token trees."""
         return ServingContext(self.runner, self.tokenizer, self.config.vocab_size,
-                              tuple(self.config.eos_token_ids), self.max_seq_len, self.tree_rounds)
+                              tuple(self.config.eos_token_ids), self.max_seq_len, self.tree_rounds,
+                              self.grammars)
 
     def request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                 listener: Listener = None, cancel: Callable[[], bool] | None = None,
@@ -316,6 +322,21 @@ class LanguageModel:
                                   value < 0):
             raise ValueError(f"speculative_max_batch must be None or an int >= 0, got {value!r}")
         self.runner.speculative_max_batch = value
+
+    @property
+    def jump_forward(self) -> bool:
+        """Whether constrained requests append the tokens their grammar forces without sampling
+        them (True, the default): where the grammar allows exactly one next token, and one after
+        that, and so on (up to 16), those tokens go through one verify forward as forced drafts.
+        The output is the same token for token either way; only the forwards differ
+        (``stats["forced_tokens"]``). TypeError unless a bool."""
+        return self.runner.jump_forward
+
+    @jump_forward.setter
+    def jump_forward(self, value: bool) -> None:
+        if not isinstance(value, bool):
+            raise RequestTypeError(f"jump_forward must be a bool, got {value!r}")
+        self.runner.jump_forward = value
 
     @classmethod
     def default(cls, kind: str = "dense", **kwargs: Any) -> LanguageModel:
@@ -576,21 +597,3 @@ def _option_fields(given: dict[str, Any], call: str, accepted: tuple[str, ...]) 
     the closest of ``accepted`` and listing them all."""
     check_keywords([k for k in given if k not in OPTION_FIELDS], accepted, call)
     return given
-
-
-KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
-             "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-
-
-def kv_storage_dtype(kv_dtype: str | torch.dtype | None, model_dtype: torch.dtype) -> torch.dtype:
-    """The KV storage dtype ``from_pretrained``'s ``kv_dtype`` names (None: the model's dtype).
-    ValueError naming the allowed names otherwise."""
-    if kv_dtype is None:
-        return model_dtype
-    if isinstance(kv_dtype, torch.dtype):
-        if kv_dtype in KV_DTYPES.values():
-            return kv_dtype
-    elif kv_dtype in KV_DTYPES:
-        return KV_DTYPES[kv_dtype]
-    raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPES)} (or that torch dtype), got "
-                     f"{kv_dtype!r}")

@@ -1,10 +1,10 @@
 """A Java ``smile.llm.SamplingParams`` as Python's ``SamplingParams``, and Python's field names in
 error messages turned into the Java names the caller wrote.
 
-Validation happens once, in Python: the Java builder checks nothing, and ``python_params`` hands
-every field to ``SamplingParams``, whose ValueError/TypeError names the Python field; the message is
-then rewritten to lead with the Java name and keep the Python one
-(``"topK (top_k) must be >= 0 (0: off), got -1"``).
+Validation happens once, in Python: the Java builder checks nothing (but an empty ``choice`` list),
+and ``python_params`` hands every field to ``SamplingParams``, whose ValueError/TypeError names the
+Python field; the message is then rewritten to lead with the Java name and keep the Python one
+(``"topK (top_k) must be >= 0 (0: off), got -1"``; the same for a ConstraintError).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from jpype import JClass
+from jpype import JClass, JString
 
 from smile_llm import AUTO, SamplingParams
 
@@ -24,11 +24,12 @@ BUILDER_NAMES = {"max_new_tokens": "maxNewTokens", "top_p": "topP", "top_k": "to
                  "presence_penalty": "presencePenalty", "frequency_penalty": "frequencyPenalty",
                  "logit_bias": "logitBias", "min_new_tokens": "minNewTokens",
                  "speculative_tokens": "speculativeTokens", "draft_sampling": "draftSampling",
-                 "prompt_logprobs": "promptLogprobs", "draft_tree": "draftTree"}
+                 "prompt_logprobs": "promptLogprobs", "draft_tree": "draftTree",
+                 "json_schema": "jsonSchema", "json_object": "jsonObject"}
 # Python field -> the parameter of Smile's positional generate/submit/stream and GenerationRequest
 SMILE_NAMES = {"max_new_tokens": "maxGenLen", "top_p": "topp"}
 
-# "top_k must ...", "logit_bias[5] ...", "draft_tree: ..."
+# "top_k must ...", "logit_bias[5] ...", "draft_tree: ...", "json_schema: ..." (a ConstraintError)
 _LEADING_FIELD = re.compile(r"([a-z][a-z_]*)(?=[ \[:])")
 
 
@@ -41,7 +42,12 @@ def java_named(exc: Exception, names: Mapping[str, str]) -> Exception:
     if m is None or m.group(1) not in names:
         return exc
     py = m.group(1)
-    renamed = type(exc)(f"{names[py]} ({py}){msg[len(py):]}")
+    text = f"{names[py]} ({py}){msg[len(py):]}"
+    try:
+        renamed = type(exc)(text)
+    except TypeError:  # a constructor of other arguments (ConstraintError's field=): same type
+        renamed = type(exc).__new__(type(exc), text)
+        renamed.__dict__.update(exc.__dict__)
     renamed.__cause__ = exc.__cause__
     return renamed
 
@@ -81,7 +87,10 @@ def python_params(params: Any) -> SamplingParams:
     The Java ``logprobs`` (null, 0, or k) becomes False, True, or k; stop strings and stop token ids
     become one ``stop`` list (strings first); ``speculativeTokensAuto()`` becomes
     ``speculative_tokens="auto"``; the ``draftTree`` list becomes a tuple; an empty list or map
-    becomes None."""
+    becomes None. The constraint fields (``jsonSchema`` text, ``jsonObject``, ``regex``,
+    ``grammar``, the ``choice`` list) are passed only when set (non-null, ``jsonObject`` true, a
+    non-empty ``choice``; an empty string is set, for Python to refuse); Python checks them (at most
+    one, ConstraintError naming the field) and the model compiles them when the request is made."""
     if params is None:
         raise ValueError("params must not be null: build one with "
                          "SamplingParams.builder()...build()")
@@ -109,8 +118,25 @@ def python_params(params: Any) -> SamplingParams:
         "n": int(params.n()), "prompt_logprobs": _optional_int(params.promptLogprobs()),
         "draft_tree": tuple(int(b) for b in params.draftTree()) or None,
     }
+    fields.update(_constraint_fields(params))
     with named_errors(BUILDER_NAMES):
         return SamplingParams(**fields)
+
+
+def _constraint_fields(params: Any) -> dict[str, Any]:
+    """The constraint fields set on Java ``params``, by their Python names (none when unset)."""
+    fields: dict[str, Any] = {}
+    for name, value in (("json_schema", params.jsonSchema()), ("regex", params.regex()),
+                        ("grammar", params.grammar())):
+        if value is not None:
+            fields[name] = str(value)
+    if params.jsonObject():
+        fields["json_object"] = True
+    # empty: unset (build() refuses []); Python refuses an element that is no String (raw types)
+    choice = [str(c) if isinstance(c, JString) else c for c in params.choice()]
+    if choice:
+        fields["choice"] = choice
+    return fields
 
 
 def single(params: SamplingParams) -> SamplingParams:

@@ -78,6 +78,10 @@ class HFTokenizer:
         """Text of ``ids`` with special tokens skipped."""
         return str(self._tok.decode(ids, skip_special_tokens=True))
 
+    def to_json(self) -> str:
+        """The tokenizer as ``tokenizer.json`` text (for the grammar engine's token table)."""
+        return str(self._tok.to_str())
+
 
 def load_tokenizer(folder: Path, eos_token_ids: tuple[int, ...], vocab_size: int) -> Tokenizer:
     """``tokenizer.json`` if present, else the byte tokenizer (``smile_tokenizer.json`` may set

@@ -16,8 +16,13 @@ from typing import Protocol
 
 import torch
 
+import numpy as np
+
+from ..errors import GrammarError
+from .grammar_state import GrammarState
 from .processors import LogitsProcessing, TokenHistory, apply_rows
 from .sampler import PositionalRng, draw, probabilities
+from .token_mask import mask_logits
 
 
 class SamplingRow(Protocol):
@@ -32,15 +37,42 @@ class SamplingRow(Protocol):
     min_p: float
     rng: PositionalRng
     logprobs: list[float] | None  # None: the row wants no logprobs
+    grammar: GrammarState | None  # the output constraint's state (None: free text)
 
     def token_history(self, vocab: int, device: torch.device) -> TokenHistory:
         """The processors' statistics of the row's tokens."""
         ...
 
+    def fail(self, error: BaseException) -> None:
+        """End the row with ``error`` (its grammar failed); it appends no further token."""
+        ...
+
+
+def masked_rows(seqs: Sequence[SamplingRow], logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` ``[B, V]`` with each constrained row's disallowed tokens at ``-inf`` (one
+    batched operation; free rows unchanged); the logits themselves when no row is constrained. A
+    row whose grammar fails is failed with the GrammarError (``fail``) and left unmasked."""
+    rows = [b for b, s in enumerate(seqs) if s.grammar is not None]
+    if not rows:
+        return logits
+    masks = np.full((len(seqs), (logits.shape[-1] + 31) // 32), -1, dtype=np.int32)
+    for b in rows:
+        grammar = seqs[b].grammar
+        assert grammar is not None
+        try:
+            mask = grammar.mask()
+        except GrammarError as exc:  # the engine's failure: this row alone
+            seqs[b].fail(exc)
+            continue
+        masks[b, : len(mask)] = mask
+        masks[b, len(mask):] = 0
+    return mask_logits(logits, masks)
+
 
 def processed_rows(seqs: Sequence[SamplingRow], logits: torch.Tensor) -> torch.Tensor:
-    """``logits`` ``[B, V]`` (row b predicting ``seqs[b]``'s next token) after each row's
-    processors; the logits themselves when no row has one."""
+    """``logits`` ``[B, V]`` (row b predicting ``seqs[b]``'s next token) after each row's grammar
+    mask (``masked_rows``), then its processors; the logits themselves when no row has either."""
+    logits = masked_rows(seqs, logits)
     rows = [b for b, s in enumerate(seqs) if s.processing.active]
     if not rows:
         return logits

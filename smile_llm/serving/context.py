@@ -16,6 +16,7 @@ from ..cache import KvCachePool
 from ..cache.tokens import as_int_array
 from ..models.config import MAX_SPECULATIVE_TOKENS
 from ..models.tokenizer import Tokenizer
+from ..sampling.grammar_compiler import GrammarCompiler
 from ..speculative.drafters import Drafter
 from ..errors import RequestTypeError
 from .model_runner import ModelRunner
@@ -34,6 +35,7 @@ class ServingContext:
     eos_token_ids: tuple[int, ...]
     max_seq_len: int  # the longest prompt plus completion of one request
     tree_rounds: bool
+    grammars: GrammarCompiler  # the model's compiled output constraints
 
     @property
     def pool(self) -> KvCachePool:
@@ -97,7 +99,8 @@ class ServingContext:
         SamplingParams, ``cancel``/``on_round`` not callable, a ``listener`` with ``n > 1``, a
         prompt that is neither a str nor a sequence of token ids (``check_prompt``), a listener that
         is neither a GenerationListener nor a callable (``as_listener``: a plain callable receives
-        the text chunks)."""
+        the text chunks), and a constraint the grammar engine refuses (ConstraintError naming its
+        field, compiled here through the model's ``grammars``)."""
         if params is None:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
@@ -146,6 +149,8 @@ class ServingContext:
         requested = params.speculative_tokens
         drafts = self.speculative_tokens_for(MAX_SPECULATIVE_TOKENS if adaptive or
                                              isinstance(requested, str) else requested)
+        constraint = params.constraint
+        grammar = None if constraint is None else self.grammars.compile(constraint)
         return Request(ids, params, min(params.max_new_tokens, self.max_seq_len - len(ids)),
                        frozenset(stop_ids), tuple(stop_texts), drafts, listener, cancel, on_round,
-                       adaptive and drafts > 0)
+                       adaptive and drafts > 0, grammar)

@@ -18,6 +18,7 @@ import torch
 
 from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
+from ..errors import GrammarError
 
 from ..sampling.next_tokens import choose_next
 from ..speculative.draft_policy import DraftPolicy, ThroughputPolicy
@@ -26,7 +27,7 @@ from ..speculative.drafters import Drafter
 from ..speculative.guarded_drafter import GuardedDrafter
 from ..speculative.guarded_policy import GuardedPolicy
 from ..speculative.row_acceptance import accept_tree_row, accept_window
-from .sequence import Sequence
+from .sequence import MAX_FORCED_TOKENS, Sequence
 from ..speculative.acceptance import AcceptResult, RoundRecord
 from ..models.transformer import ForwardOutput, Transformer
 from .cuda_graphs import DecodeGraphRunner, VerifyGraphRunner
@@ -55,6 +56,8 @@ class ModelRunner:
         self.speculative_max_batch: int | None = None
         # k per round of rows with speculative_tokens="auto"
         self.policy = GuardedPolicy(ThroughputPolicy())
+        # constrained rows append the tokens their grammar forces in one verify forward
+        self.jump_forward = True
 
     @property
     def drafter(self) -> Drafter | None:
@@ -202,10 +205,17 @@ class ModelRunner:
         shrinks)."""
         groups: dict[int, list[Sequence]] = {}
         trees: dict[tuple[int, ...], list[Sequence]] = {}
+        forced: dict[int, list[tuple[Sequence, list[int]]]] = {}
         plain = []
         limit = self.speculative_max_batch
         drafting = limit is None or len(seqs) <= limit
         for s in seqs:
+            tokens = self._forced(s)
+            if s.finished:  # its grammar failed
+                continue
+            if tokens:
+                forced.setdefault(len(tokens), []).append((s, tokens))
+                continue
             budget = s.draft_budget() if drafting else 0
             ready = budget >= 1 and self.drafting.ready(s)
             choice: int | tuple[int, ...] = budget
@@ -231,8 +241,20 @@ class ModelRunner:
                     # the drafter failed this round: these rows take a plain step
                     plain.extend(chunk)
                     continue
+                drafts, draft_probs = proposal
+                valid = self._grammar_valid(chunk, drafts)
+                if min(valid) == 0:  # rows whose first draft the grammar forbids: no verify work
+                    plain.extend(s for s, v in zip(chunk, valid) if v == 0)
+                    keep = [b for b, v in enumerate(valid) if v]
+                    if not keep:
+                        continue
+                    chunk, valid = [chunk[b] for b in keep], [valid[b] for b in keep]
+                    drafts = drafts[keep]
+                    draft_probs = None if draft_probs is None else draft_probs[keep]
+                width = max(valid)  # the window ends where every row's grammar refused a draft
                 t1 = time.perf_counter()
-                results = self._verify(chunk, n, *proposal)
+                results = self._verify(chunk, width, drafts[:, :width],
+                                       None if draft_probs is None else draft_probs[:, :width])
                 # the policy hears of its own rows only
                 rows = [b for b, s in enumerate(chunk) if s.adaptive]
                 if rows:
@@ -256,11 +278,14 @@ class ModelRunner:
                     self.policy.observe_tree([chunk[b] for b in rows], branching,
                                              [tree.walk(b, accepted[b].slots) for b in rows],
                                              t1 - t0, time.perf_counter() - t1)
+        for m, windows in sorted(forced.items()):
+            drafts = torch.tensor([t for _, t in windows], dtype=torch.int64)
+            self._verify([s for s, _ in windows], m, drafts, None, forced=True)
         # eager while rows speculate: a decode replay after verify replays in one step is untested
         # on a GPU
         if plain:
             t0 = time.perf_counter()
-            self.decode(plain, allow_graph=not groups and not trees)
+            self.decode(plain, allow_graph=not groups and not trees and not forced)
             if any(s.adaptive for s in plain):
                 self.policy.observe_plain(plain, time.perf_counter() - t0)
 
@@ -282,13 +307,48 @@ class ModelRunner:
             self.drafting.extend(seq, out.hidden[b], int(start[b]))
         # the choice batched across rows
         for seq, (token, logp) in zip(seqs, choose_next(seqs, logits)):
-            seq.push(token, logp)
+            seq.push(token, logp)  # (a row whose grammar failed meanwhile takes nothing)
 
     # ------------------------------------------------------------------ speculative round
+    def _forced(self, seq: Sequence) -> list[int]:
+        """The tokens ``seq``'s grammar forces next (jump-forward), as many as its next window may
+        hold; none for a free row, with ``jump_forward`` off, or before its first token. A grammar
+        failure fails the row alone."""
+        if not self.jump_forward or seq.grammar is None or not seq.tokens:
+            return []
+        room = min(MAX_FORCED_TOKENS, seq.remaining - 1, seq.capacity - seq.last_pos - 1)
+        if room < 1:
+            return []
+        try:
+            return seq.grammar.forced(room)
+        except GrammarError as exc:
+            seq.fail(exc)
+            return []
+
+    @staticmethod
+    def _grammar_valid(seqs: list[Sequence], drafts: torch.Tensor) -> list[int]:
+        """Per row, how many of its drafts ``[B, n]`` its grammar admits in a row (all for a free
+        row): a forbidden draft ends the proposal there. A grammar failure fails the row alone (its
+        drafts are all verified, and it takes none)."""
+        n = drafts.shape[1]
+        if all(s.grammar is None for s in seqs):
+            return [n] * len(seqs)
+        rows = drafts.tolist()
+        valid = []
+        for seq, row in zip(seqs, rows):
+            try:
+                valid.append(n if seq.grammar is None else seq.grammar.valid_prefix(row))
+            except GrammarError as exc:
+                seq.fail(exc)
+                valid.append(n)
+        return valid
+
     def _verify(self, seqs: list[Sequence], n: int, drafts: torch.Tensor,
-                draft_probs: torch.Tensor | None) -> list[AcceptResult]:
+                draft_probs: torch.Tensor | None, forced: bool = False) -> list[AcceptResult]:
         """Verify ``drafts`` ``[B, n]`` in one forward, accept per row, seal the accepted KV, append
-        the tokens."""
+        the tokens. ``forced``: the drafts are the tokens each row's grammar forces (jump-forward;
+        acceptance keeps them all, as the grammar's mask allows nothing else), booked as forced
+        tokens and reported to the drafter as target positions (``extend``), not as a round."""
         drafts = drafts.to(self.pool.device)
         draft_probs = None if draft_probs is None else draft_probs.to(self.pool.device)
         self._activate(seqs)
@@ -309,10 +369,24 @@ class ModelRunner:
         for b, (seq, res) in enumerate(zip(seqs, results)):
             # the window's kept positions: the last token and the kept drafts
             kept_rows = slice(0, res.num_tokens)
+            if forced:
+                self._append_forced(seq, res, int(start[b]), out.hidden[b, kept_rows],
+                                    out.logits[b, kept_rows])
+                continue
             self._append_round(seq, RoundRecord(int(start[b]), n, tuple(drafted[b]),
                                                 res.num_accepted, res.tokens),
                                n, out.hidden[b, kept_rows], out.logits[b, kept_rows])
         return results
+
+    def _append_forced(self, seq: Sequence, result: AcceptResult, start: int,
+                       hidden: torch.Tensor, logits: torch.Tensor) -> None:
+        """Book a jump-forward window of ``seq`` at ``start``: the drafter hears of its positions
+        as of any target forward (``extend``), then the forced tokens and the bonus are appended as
+        in a round (``_push_tokens``)."""
+        seq.forwards += 1
+        seq.forced_tokens += result.num_accepted
+        self.drafting.extend(seq, hidden, start)
+        self._push_tokens(seq, result.tokens, logits)
 
     def _append_round(self, seq: Sequence, record: RoundRecord, proposed: int, hidden: torch.Tensor,
                       logits: torch.Tensor) -> None:
@@ -327,8 +401,15 @@ class ModelRunner:
         seq.accept_lengths[len(record.tokens)] += 1
         seq.on_round(record)
         self.drafting.commit(seq, hidden)
+        self._push_tokens(seq, record.tokens, logits)
+
+    @staticmethod
+    def _push_tokens(seq: Sequence, tokens: tuple[int, ...], logits: torch.Tensor) -> None:
+        """Append a window's ``tokens`` until one finishes ``seq``, each with the raw
+        log-distribution of its position (``logits`` ``[len(tokens), V]``) when the request wants
+        logprobs."""
         logp = torch.log_softmax(logits.float(), dim=-1) if seq.logprobs is not None else None
-        for j, token in enumerate(record.tokens):
+        for j, token in enumerate(tokens):
             if seq.push(token, None if logp is None else logp[j]):
                 break
 

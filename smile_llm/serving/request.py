@@ -25,10 +25,12 @@ from ..speculative.acceptance import RoundRecord
 from ..speculative.draft_tree import MAX_BRANCHING, MAX_TREE_NODES
 from ..errors import RequestTypeError
 from .listener import LISTENER_EVENTS, GenerationListener, TextCallback
+from ..sampling.constraint import Constraint, constraint_of
 from ..sampling.processors import LogitsProcessing
 from ..sampling.sampler import GREEDY_TEMPERATURE
 
 if TYPE_CHECKING:
+    from ..sampling.grammar_compiler import CompiledGrammar
     from .completion import Completion
 
 MAX_SEED = (1 << 64) - 1
@@ -138,7 +140,10 @@ class SamplingParams:
     ``min_p`` in [0, 1]; processors (``processors``; greedy decoding honours them too):
     ``repetition_penalty`` > 0 (HF), ``presence_penalty`` and ``frequency_penalty`` in [-2, 2]
     (OpenAI), ``logit_bias`` (token id -> bias in [-100, 100]), ``min_new_tokens`` (EOS masked until
-    then).
+    then). Constrained output (``constraint``; at most one of these): ``json_schema`` (a dict or
+    its JSON text), ``json_object`` (True: any JSON object), ``regex``, ``grammar`` (a Lark grammar
+    in llguidance's syntax), ``choice`` (a list of strings); the allowed tokens are masked before
+    the processors and warpers, and the request stops when the grammar ends.
 
     Validated on construction: RequestTypeError (a TypeError and a ValueError) for a field of the
     wrong type, ValueError for a value out of range, both naming the field."""
@@ -161,6 +166,11 @@ class SamplingParams:
     n: int = 1
     prompt_logprobs: int | None = None
     draft_tree: tuple[int, ...] | None = None
+    json_schema: Any = None
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None
+    choice: Any = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens):
@@ -197,6 +207,8 @@ class SamplingParams:
             raise ValueError('draft_sampling must be "greedy" or "sample", got '
                              f'{self.draft_sampling!r}')
         self._check_processors()
+        object.__setattr__(self, "_constraint", constraint_of(
+            self.json_schema, self.json_object, self.regex, self.grammar, self.choice))
         for entry in self.stop_entries():
             if not isinstance(entry, str) and not (_is_int(entry) and entry >= 0):
                 raise RequestTypeError("stop entries must be token ids (ints >= 0) or "
@@ -236,6 +248,12 @@ class SamplingParams:
             raise RequestTypeError(f"n must be an int, got {self.n!r}")
         if not 1 <= self.n <= MAX_SAMPLES:
             raise ValueError(f"n must be in [1, {MAX_SAMPLES}], got {self.n}")
+
+    @property
+    def constraint(self) -> Constraint | None:
+        """The output constraint the fields ask for (None: free text), checked
+        (``constraint.constraint_of``)."""
+        return cast("Constraint | None", getattr(self, "_constraint"))
 
     @property
     def wants_logprobs(self) -> bool:
@@ -327,6 +345,8 @@ class Request:
     on_round: Callable[[RoundRecord], None] | None = None
     # the model's draft policy chooses each round's drafts, up to ``speculative_tokens``
     adaptive: bool = False
+    # the compiled output constraint (None: free text); each sequence starts its own state of it
+    grammar: CompiledGrammar | None = None
 
 
 class HandleOwner(Protocol):

@@ -357,6 +357,7 @@ class Scheduler:
                 self.running.remove(seq)
             if seq in self.preempted:
                 self.preempted.remove(seq)
+            seq.release_grammar()
             runner = self.context.runner
             runner.drafting.release(seq)
             if seq.adaptive:

@@ -19,7 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import GrammarError
+from ..sampling.grammar_state import GrammarState
 from ..sampling.processors import TokenHistory, apply_rows
+from ..sampling.token_mask import mask_logits
 from ..sampling.next_tokens import choose_next
 from .completion import Completion
 from ..speculative.draft_tree import MAX_TREE_NODES, tree_nodes
@@ -30,6 +33,8 @@ from ..cache.offload import OffloadedKv
 
 if TYPE_CHECKING:
     from .request import RequestHandle
+
+MAX_FORCED_TOKENS = 16  # tokens one jump-forward window appends at most
 
 
 class Sequence:
@@ -102,6 +107,14 @@ class Sequence:
         # times the scheduler paused it to make room (its KV offloaded, then restored)
         self.preemptions = 0
         self.accept_lengths: Counter[int] = Counter()  # tokens per speculative round -> rounds
+        # the output constraint's state (None: free text); dropped when the request ends
+        self.grammar: GrammarState | None = (None if request.grammar is None
+                                             else request.grammar.start())
+        self.constrained = self.grammar is not None
+        self.constraint_complete = False  # the output is a whole match of its grammar
+        self.forced_tokens = 0  # tokens the grammar forced (jump-forward), appended unsampled
+        if self.grammar is not None and self.grammar.terminated:  # matches only the empty output
+            self.finish_reason, self.finished, self.constraint_complete = "stop", True, True
 
     # ------------------------------------------------------------------ the caller's hooks
     def notify(self, event: str, value: object) -> None:
@@ -178,8 +191,11 @@ class Sequence:
 
     def round_span(self) -> int:
         """Positions after ``last_pos`` the next round may write: the tree's nodes, or its drafts;
-        for a row whose draft policy may choose a tree, the most nodes a tree may have."""
+        for a row whose draft policy may choose a tree, the most nodes a tree may have; for a
+        constrained row at least a jump-forward window (``MAX_FORCED_TOKENS``)."""
         depth = min(self.speculative_tokens, max(0, self.remaining - 1))
+        if self.grammar is not None:  # a jump-forward window
+            depth = max(depth, min(MAX_FORCED_TOKENS, max(0, self.remaining - 1)))
         if self.adaptive and self.tree_rounds and depth:
             return MAX_TREE_NODES
         if self.draft_tree is not None and depth == len(self.draft_tree):
@@ -207,9 +223,14 @@ class Sequence:
         self.prompt_logprobs.extend(logprob_entries(logp, targets, self.prompt_k_logprobs or 0))
 
     def processed(self, logits: torch.Tensor, extra: list[list[int]]) -> torch.Tensor:
-        """``logits`` ``[N, V]`` after the request's processors, row i having generated ``tokens``
-        then ``extra[i]`` (a verify window's drafts before it); the logits themselves when no
-        processor is on."""
+        """``logits`` ``[N, V]`` after the request's grammar mask and processors, row i having
+        generated ``tokens`` then ``extra[i]`` (a verify window's drafts before it); the logits
+        themselves when neither is on."""
+        if self.grammar is not None:
+            try:
+                logits = mask_logits(logits, self.grammar.masks(extra))
+            except GrammarError as exc:  # the engine's failure: this request alone
+                self.fail(exc)
         if not self.processing.active:
             return logits
         seen = counts = None
@@ -230,13 +251,21 @@ class Sequence:
     def push(self, token: int, logp: torch.Tensor | None = None) -> bool:
         """Append ``token`` (stream it, check stops and the limit); True when the sequence has
         finished. ``logp``: the raw log-distribution ``[V]`` it was chosen from, for the requested
-        logprobs."""
+        logprobs. A finished sequence takes no token (True)."""
+        if self.finished:
+            return True
         if token in self.stop_ids:
             self.finish_reason = "stop"
             return self._finish()
         self.tokens.append(token)
         if self._history is not None:
             self._history.push(token)
+        if self.grammar is not None:
+            try:
+                self.grammar.advance(token)
+            except GrammarError as exc:  # the engine's failure: this request alone
+                self.fail(exc)
+                return True
         self.notify("on_token", token)
         if self.logprobs is not None and logp is not None:
             self.logprobs.append(float(logp[token]))
@@ -253,6 +282,9 @@ class Sequence:
                 self.cut = True
                 self.finish_reason = "stop"
                 return self._finish()
+        if self.grammar is not None and self.grammar.terminated:
+            self.finish_reason = "stop"  # the grammar ended: nothing but EOS could follow
+            return self._finish()
         self._flush(hold=max((len(s) - 1 for s in self.stop_texts), default=0))
         if self.remaining == 0:
             return self._finish()
@@ -260,8 +292,14 @@ class Sequence:
 
     def _finish(self) -> bool:
         self.finished = True
+        if self.grammar is not None:
+            self.constraint_complete = self.grammar.complete
         self._flush()
         return True
+
+    def release_grammar(self) -> None:
+        """Drop the constraint's state (the request ended, however it ended)."""
+        self.grammar = None
 
     def _flush(self, hold: int = 0) -> None:
         """Give ``on_text`` the new text, holding back the last ``hold`` characters (a stop string
@@ -278,7 +316,10 @@ class Sequence:
         ``proposed_drafts``, ``accepted_drafts``, ``draft_errors`` (rounds the drafter failed,
         decoded plainly instead), ``mean_accepted_length``, ``accept_length_histogram``,
         ``target_forwards_per_token`` (1.0 for plain decoding), ``prefill_s``, ``decode_s``,
-        ``tokens_per_s``."""
+        ``tokens_per_s``; for a constrained request also ``forced_tokens`` (appended by
+        jump-forward, unsampled) and ``constraint_complete`` (whether the output is a whole match
+        of its grammar: False when it ended at the limit, or at a stop, before the grammar
+        could)."""
         elapsed = time.perf_counter() - self.t0
         decode_s = max(elapsed - self.prefill_s, 1e-9)
         n = len(self.tokens)
@@ -302,7 +343,8 @@ class Sequence:
             "prefill_s": self.prefill_s,
             "decode_s": decode_s,
             "tokens_per_s": max(n - 1, 0) / decode_s,
-        }
+        } | ({"forced_tokens": self.forced_tokens, "constraint_complete": self.constraint_complete}
+             if self.constrained else {})
 
     def completion(self) -> Completion:
         """Flush the held-back text to the listener and return the request's ``Completion`` (check

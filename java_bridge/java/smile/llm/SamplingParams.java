@@ -12,7 +12,8 @@ import java.util.Objects;
  * {@code smile_llm.serving.request.SamplingParams}, one builder method per Python field (the Python name in
  * parentheses below). The defaults are Python's.
  *
- * <p>The builder does not check values. A request is validated once, in Python, when it is created (by
+ * <p>The builder does not check values (but for an empty {@code choice} list, refused by {@link Builder#build()}).
+ * A request is validated once, in Python, when it is created (by
  * {@link smile.llm.python.PythonLanguageModel#generate(int[], SamplingParams, GenerationListener)},
  * {@code submit}, {@code stream}, {@code chat}, ...): a bad value is an {@link IllegalArgumentException} whose
  * message names the field by its Java and Python names, for example
@@ -43,6 +44,19 @@ import java.util.Objects;
  *     {@code speculativeTokens} null (or set it to the depth).
  * <li>{@code n} (1): samples of one prompt, sharing its KV; more than one only through
  *     {@link smile.llm.python.PythonLanguageModel#generateSamples}.
+ * <li>Constrained output, at most one of: {@code jsonSchema} (json_schema, null): the text of a JSON schema the
+ *     output must follow (laid out as {@code json.dumps} does, {@code ", "} and {@code ": "});
+ *     {@code jsonObject} (json_object, false): any JSON object; {@code regex} (regex, null): a regular expression
+ *     the whole output must match; {@code grammar} (grammar, null): a Lark grammar in llguidance's syntax;
+ *     {@code choice} (choice, none): the output is one of these strings. The allowed tokens are masked before the
+ *     processors and warpers, and the request stops when the constraint is complete; the stats
+ *     ({@link Completion#statsJson()}) gain {@code forced_tokens} and {@code constraint_complete}. A constraint
+ *     the grammar engine refuses (a regex or grammar with an error, a schema it cannot compile), an empty string,
+ *     or two constraints at once is an {@link IllegalArgumentException} at the call, nothing queued, whose message
+ *     names the field and quotes the engine's, for example {@code "regex: the grammar engine refused it: ..."},
+ *     {@code "jsonSchema (json_schema): the grammar engine refused it: ..."} or {@code "choice: give one
+ *     constraint per request, got regex and choice"}. Null (or, for {@code jsonObject}, false) leaves a field
+ *     unset, and its accessor then answers null (false, an empty {@code choice} list).
  * </ul>
  */
 public final class SamplingParams {
@@ -66,6 +80,11 @@ public final class SamplingParams {
     private final Integer promptLogprobs;
     private final boolean speculativeTokensAuto;
     private final List<Integer> draftTree;
+    private final String jsonSchema;
+    private final boolean jsonObject;
+    private final String regex;
+    private final String grammar;
+    private final List<String> choice;
 
     private SamplingParams(Builder b) {
         maxNewTokens = b.maxNewTokens;
@@ -88,6 +107,11 @@ public final class SamplingParams {
         promptLogprobs = b.promptLogprobs;
         speculativeTokensAuto = b.speculativeTokensAuto;
         draftTree = Collections.unmodifiableList(new ArrayList<>(b.draftTree));
+        jsonSchema = b.jsonSchema;
+        jsonObject = b.jsonObject;
+        regex = b.regex;
+        grammar = b.grammar;
+        choice = b.choice == null ? Collections.emptyList() : Collections.unmodifiableList(new ArrayList<>(b.choice));
     }
 
     /** A builder holding Python's defaults. */
@@ -123,6 +147,11 @@ public final class SamplingParams {
         b.promptLogprobs = promptLogprobs;
         b.speculativeTokensAuto = speculativeTokensAuto;
         b.draftTree.addAll(draftTree);
+        b.jsonSchema = jsonSchema;
+        b.jsonObject = jsonObject;
+        b.regex = regex;
+        b.grammar = grammar;
+        b.choice = choice.isEmpty() ? null : new ArrayList<>(choice);
         return b;
     }
 
@@ -154,6 +183,16 @@ public final class SamplingParams {
     public int n() { return n; }
     /** Null: no prompt logprobs. */
     public Integer promptLogprobs() { return promptLogprobs; }
+    /** The JSON schema (its JSON text) the output must follow; null when unset. */
+    public String jsonSchema() { return jsonSchema; }
+    /** True: the output is a JSON object (any). */
+    public boolean jsonObject() { return jsonObject; }
+    /** The regular expression the whole output must match; null when unset. */
+    public String regex() { return regex; }
+    /** The Lark grammar (llguidance's syntax) the output must follow; null when unset. */
+    public String grammar() { return grammar; }
+    /** The strings the output must be one of (unmodifiable); empty when unset. */
+    public List<String> choice() { return choice; }
 
     @Override
     public boolean equals(Object o) {
@@ -169,14 +208,18 @@ public final class SamplingParams {
                 && Double.compare(presencePenalty, p.presencePenalty) == 0
                 && Double.compare(frequencyPenalty, p.frequencyPenalty) == 0 && logitBias.equals(p.logitBias)
                 && minNewTokens == p.minNewTokens && n == p.n && Objects.equals(promptLogprobs, p.promptLogprobs)
-                && speculativeTokensAuto == p.speculativeTokensAuto && draftTree.equals(p.draftTree);
+                && speculativeTokensAuto == p.speculativeTokensAuto && draftTree.equals(p.draftTree)
+                && Objects.equals(jsonSchema, p.jsonSchema) && jsonObject == p.jsonObject
+                && Objects.equals(regex, p.regex) && Objects.equals(grammar, p.grammar)
+                && choice.equals(p.choice);
     }
 
     @Override
     public int hashCode() {
         return Objects.hash(maxNewTokens, temperature, topP, seed, logprobs, stop, stopTokenIds, speculativeTokens,
                 draftSampling, topK, minP, repetitionPenalty, presencePenalty, frequencyPenalty, logitBias,
-                minNewTokens, n, promptLogprobs, speculativeTokensAuto, draftTree);
+                minNewTokens, n, promptLogprobs, speculativeTokensAuto, draftTree, jsonSchema, jsonObject, regex,
+                grammar, choice);
     }
 
     @Override
@@ -187,7 +230,9 @@ public final class SamplingParams {
                 + ", minP=" + minP + ", repetitionPenalty=" + repetitionPenalty + ", presencePenalty="
                 + presencePenalty + ", frequencyPenalty=" + frequencyPenalty + ", logitBias=" + logitBias
                 + ", minNewTokens=" + minNewTokens + ", n=" + n + ", promptLogprobs=" + promptLogprobs
-                + ", speculativeTokensAuto=" + speculativeTokensAuto + ", draftTree=" + draftTree + "]";
+                + ", speculativeTokensAuto=" + speculativeTokensAuto + ", draftTree=" + draftTree + ", jsonSchema="
+                + jsonSchema + ", jsonObject=" + jsonObject + ", regex=" + regex + ", grammar=" + grammar
+                + ", choice=" + choice + "]";
     }
 
     /** A mutable builder; each method sets one field (see the class comment) and returns this builder. */
@@ -212,6 +257,11 @@ public final class SamplingParams {
         private Integer promptLogprobs = null;
         private boolean speculativeTokensAuto = false;
         private final List<Integer> draftTree = new ArrayList<>();
+        private String jsonSchema = null;
+        private boolean jsonObject = false;
+        private String regex = null;
+        private String grammar = null;
+        private List<String> choice = null;
 
         private Builder() {}
 
@@ -282,9 +332,41 @@ public final class SamplingParams {
         public Builder minNewTokens(int v) { minNewTokens = v; return this; }
         /** Samples of the prompt, for {@link smile.llm.python.PythonLanguageModel#generateSamples}. */
         public Builder n(int v) { n = v; return this; }
+        /**
+         * The output follows this JSON schema, given as its JSON text (for example
+         * {@code {"type": "object", "properties": {...}}}); null clears it. At most one constraint per request.
+         */
+        public Builder jsonSchema(String schema) { jsonSchema = schema; return this; }
+        /** True: the output is a JSON object (any); false clears it. At most one constraint per request. */
+        public Builder jsonObject(boolean v) { jsonObject = v; return this; }
+        /** The whole output matches this regular expression; null clears it. At most one constraint per request. */
+        public Builder regex(String pattern) { regex = pattern; return this; }
+        /**
+         * The output follows this Lark grammar in llguidance's syntax (its rule {@code start}); null clears it. At
+         * most one constraint per request.
+         */
+        public Builder grammar(String lark) { grammar = lark; return this; }
+        /**
+         * The output is one of these strings, replacing earlier ones; null clears it, and an empty list is refused
+         * by {@link #build()} (it would allow no output). At most one constraint per request.
+         */
+        public Builder choice(List<String> options) {
+            choice = options == null ? null : new ArrayList<>(options);
+            return this;
+        }
+        /** The output is one of these strings (see {@link #choice(List)}); a null array clears it. */
+        public Builder choice(String... options) {
+            return choice(options == null ? null : java.util.Arrays.asList(options));
+        }
 
-        /** The value; the builder may be reused. */
+        /**
+         * The value; the builder may be reused. {@link IllegalArgumentException} for an empty {@link #choice(List)}
+         * (the one check made here; Python checks the rest when a call makes the request).
+         */
         public SamplingParams build() {
+            if (choice != null && choice.isEmpty()) {
+                throw new IllegalArgumentException("choice: must hold at least one string (null clears it)");
+            }
             return new SamplingParams(this);
         }
     }

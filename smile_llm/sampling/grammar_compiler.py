@@ -1,0 +1,98 @@
+"""GrammarCompiler: one model's compiled grammars. It builds the grammar engine's token table from
+the model's tokenizer on the first constrained request (``token_table``), compiles each constraint
+once and keeps the last ``CACHE_SIZE`` compiled (LRU), so a repeated schema does not recompile.
+Every request then starts from its own copy of the compiled matcher (``CompiledGrammar.start``).
+Safe from any thread."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from ..errors import ConstraintError
+from ..models.tokenizer import Tokenizer
+from .constraint import Constraint
+from .grammar_state import GrammarState
+from .token_table import token_table
+
+CACHE_SIZE = 64  # compiled grammars kept per model
+# the engine's limits on one grammar: its size (symbols) and the work of one mask
+MAX_GRAMMAR_SIZE = 200_000
+STEP_LEXER_FUEL = 200_000
+STEP_MAX_ITEMS = 50_000
+
+
+def parser_limits() -> Any:
+    """llguidance's ``LLParserLimits`` for every grammar of this package (a grammar over them is
+    refused when compiled; a mask over them fails its request alone)."""
+    from llguidance import LLParserLimits
+
+    return LLParserLimits(max_grammar_size=MAX_GRAMMAR_SIZE, step_lexer_fuel=STEP_LEXER_FUEL,
+                          step_max_items=STEP_MAX_ITEMS, verbose_errors=False)
+
+
+class CompiledGrammar:
+    """A constraint compiled against one model's token table; ``start`` gives each request its own
+    state. ``constraint``: what it was compiled from."""
+
+    def __init__(self, constraint: Constraint, matcher: Any, vocab_size: int,
+                 eos_token_ids: tuple[int, ...], lock: threading.Lock) -> None:
+        self.constraint = constraint
+        self._matcher, self._lock = matcher, lock
+        self.vocab_size, self.eos_token_ids = vocab_size, eos_token_ids
+
+    def start(self) -> GrammarState:
+        """A fresh state at the grammar's start (a copy of the compiled matcher)."""
+        with self._lock:
+            matcher = self._matcher.deep_copy()
+        return GrammarState(matcher, self.vocab_size, self.eos_token_ids)
+
+
+class GrammarCompiler:
+    """The compiled grammars of a model with ``tokenizer`` and ``vocab_size`` logits, whose
+    ``eos_token_ids`` end a grammar (see the module docstring)."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int,
+                 eos_token_ids: tuple[int, ...]) -> None:
+        self.tokenizer, self.vocab_size = tokenizer, vocab_size
+        self.eos_token_ids = tuple(e for e in eos_token_ids if 0 <= e < vocab_size)
+        self._table: Any = None
+        self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()  # the table, the cache and copies of compiled matchers
+        self.compiled = 0  # grammars compiled (cache misses)
+
+    def table(self) -> Any:
+        """The engine's token table of this model (built on first use)."""
+        with self._lock:
+            if self._table is None:
+                self._table = token_table(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            return self._table
+
+    def compile(self, constraint: Constraint) -> CompiledGrammar:
+        """``constraint`` compiled (from the cache when it was compiled recently).
+        ConstraintError naming the constraint's field and quoting the engine's message when the
+        engine refuses it (a schema it cannot compile, a regex or grammar with an error, a grammar
+        over ``parser_limits``)."""
+        from llguidance import LLMatcher
+
+        table = self.table()
+        with self._lock:
+            hit = self._cache.get(constraint.source)
+            if hit is not None:
+                self._cache.move_to_end(constraint.source)
+                return hit
+        # compiled outside the lock: a large grammar takes a while and drops the GIL
+        matcher = LLMatcher(table, constraint.source, log_level=0, limits=parser_limits())
+        if matcher.is_error():
+            raise ConstraintError(f"the grammar engine refused it: {matcher.get_error()}",
+                                  field=constraint.field)
+        compiled = CompiledGrammar(constraint, matcher, self.vocab_size, self.eos_token_ids,
+                                   self._lock)
+        with self._lock:
+            self.compiled += 1
+            self._cache[constraint.source] = compiled
+            self._cache.move_to_end(constraint.source)
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return compiled

@@ -1,0 +1,167 @@
+"""Constrained decoding is lossless: under every constraint kind, speculative decoding (MTP, n-gram and draft-model
+drafters, token trees, adaptive k) and jump-forward give exactly the tokens of plain token-by-token constrained
+decoding, greedy and seeded; constrained and free rows batched together, and ``n`` samples, equal their single-row
+runs. On a model with a real BPE vocabulary, greedy constrained output equals an independent decoder: Hugging Face's
+logits masked by llguidance directly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from smile_llm import LanguageModel, SamplingParams
+from smile_llm.sampling.constraint import constraint_of
+
+from .conftest import CI, SCHEMAS
+from .test_validity import CHOICES, GRAMMAR, REGEX
+
+KINDS: dict[str, dict[str, Any]] = {
+    "json_schema": {"json_schema": SCHEMAS["nested"]},
+    "json_object": {"json_object": True},
+    "regex": {"regex": REGEX},
+    "grammar": {"grammar": GRAMMAR},
+    "choice": {"choice": CHOICES},
+}
+SAMPLING = {"greedy": {}, "seeded": {"temperature": 0.8, "seed": 5}}
+NEW = 32
+
+
+def run(model: LanguageModel, prompt: str, jump: bool, new: int = NEW, **kw: Any) -> Any:
+    model.jump_forward = jump
+    try:
+        return model.generate(prompt, new, **kw)
+    finally:
+        model.jump_forward = True
+
+
+def plain(model: LanguageModel, prompt: str, **kw: Any) -> list[int]:
+    """Token-by-token constrained decoding: no drafts, no jump-forward."""
+    return run(model, prompt, False, speculative_tokens=0, **kw).tokens
+
+
+# every kind with the MTP head; the other drafters on the kinds that differ most (CI: two kinds each)
+CASES = [("byte_model", k) for k in KINDS] + [(d, k) for d in ("ngram_model", "draft_model")
+                                             for k in (("json_schema", "regex") if CI else KINDS)]
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLING))
+@pytest.mark.parametrize("drafter, kind", CASES)
+def test_speculation_and_jump_forward_equal_plain(request: pytest.FixtureRequest, drafter: str, kind: str,
+                                                  sampling: str) -> None:
+    model = request.getfixturevalue(drafter)
+    kw = KINDS[kind] | SAMPLING[sampling]
+    prompt = f"{kind} please: "
+    expected = plain(model, prompt, **kw)
+    jumped = run(model, prompt, True, speculative_tokens=0, **kw)
+    speculated = run(model, prompt, False, speculative_tokens=3, **kw)
+    both = run(model, prompt, True, speculative_tokens=3, **kw)
+    assert jumped.tokens == expected and speculated.tokens == expected and both.tokens == expected
+    assert jumped.stats["forwards"] + jumped.stats["forced_tokens"] >= len(expected)
+
+
+@pytest.mark.parametrize("kw", [{"json_schema": SCHEMAS["person"]}, {"regex": "[a-z ]{10,40}"},
+                                {"grammar": GRAMMAR}], ids=["json_schema", "regex", "grammar"])
+def test_every_verified_draft_is_one_the_grammar_admits(byte_model: LanguageModel, kw: dict) -> None:
+    """A draft the grammar forbids ends the proposal: the drafts a round verifies are all admissible."""
+    records: list = []
+    prompt = byte_model.encode("the drafts: ")
+    c = byte_model.submit(prompt, SamplingParams(max_new_tokens=NEW, speculative_tokens=4, **kw),
+                          on_round=records.append).result(60)
+    assert records and c.tokens == plain(byte_model, "the drafts: ", **kw)
+    grammar = byte_model.grammars.compile(constraint_of(**kw))
+    for r in records:
+        state = grammar.start()
+        for t in c.tokens[: r.position - len(prompt) + 1]:
+            state.advance(t)
+        assert 1 <= len(r.drafts) <= 4 and state.valid_prefix(list(r.drafts)) == len(r.drafts)
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "regex", "grammar"])
+def test_trees_and_adaptive_k_equal_plain(byte_model: LanguageModel, kind: str) -> None:
+    for sampling in SAMPLING.values():
+        kw = KINDS[kind] | sampling
+        expected = plain(byte_model, "tree: ", **kw)
+        assert run(byte_model, "tree: ", True, draft_tree=(2, 2, 1), **kw).tokens == expected
+        assert run(byte_model, "tree: ", False, draft_tree=(3, 1), **kw).tokens == expected
+        assert run(byte_model, "tree: ", True, speculative_tokens="auto", **kw).tokens == expected
+
+
+def test_jump_forward_saves_forwards_on_json(byte_model: LanguageModel) -> None:
+    kw = {"json_schema": SCHEMAS["nested"]}
+    slow = run(byte_model, "record: ", False, 100, speculative_tokens=0, **kw)
+    fast = run(byte_model, "record: ", True, 100, speculative_tokens=0, **kw)
+    assert fast.tokens == slow.tokens and fast.finish_reason == slow.finish_reason == "stop"
+    assert slow.stats["forced_tokens"] == 0 and slow.stats["forwards"] == len(slow.tokens)
+    # every key, the punctuation and most of the enum value are forced
+    assert fast.stats["forced_tokens"] >= len(b'{"id": , "owner": {"role": "", "active": }}')
+    # a forward appends its forced tokens and one sampled (a window that ends the grammar has none)
+    assert len(fast.tokens) <= fast.stats["forwards"] + fast.stats["forced_tokens"] <= len(fast.tokens) + 1
+    assert fast.stats["forwards"] * 3 < slow.stats["forwards"]
+    assert fast.stats["target_forwards_per_token"] < 0.6
+
+
+def test_mixed_batch_equals_single_rows(byte_model: LanguageModel) -> None:
+    rows = [("a: ", SamplingParams(max_new_tokens=NEW, json_schema=SCHEMAS["person"], speculative_tokens=0)),
+            ("b: ", SamplingParams(max_new_tokens=NEW, temperature=0.9, seed=3)),
+            ("c: ", SamplingParams(max_new_tokens=NEW, regex=REGEX, temperature=1.0, seed=4)),
+            ("d: ", SamplingParams(max_new_tokens=NEW, choice=CHOICES, speculative_tokens=2)),
+            ("e: ", SamplingParams(max_new_tokens=NEW, speculative_tokens=0)),
+            ("f: ", SamplingParams(max_new_tokens=NEW, json_schema=SCHEMAS["array"], temperature=1.0, seed=6,
+                                   speculative_tokens=3))]
+    alone = [byte_model.submit(p, params).result(60).tokens for p, params in rows]
+    handles = [byte_model.submit(p, params) for p, params in rows]
+    assert [h.result(120).tokens for h in handles] == alone
+
+
+def test_n_samples_equal_their_single_runs(byte_model: LanguageModel) -> None:
+    params = SamplingParams(max_new_tokens=NEW, n=4, temperature=1.0, seed=21, json_schema=SCHEMAS["any_of"])
+    together = byte_model.generate("n: ", NEW, n=4, temperature=1.0, seed=21, json_schema=SCHEMAS["any_of"])
+    for i, c in enumerate(together):
+        single = byte_model.generate("n: ", NEW, temperature=1.0, seed=params.sample(i).seed,
+                                     json_schema=SCHEMAS["any_of"])
+        assert c.tokens == single.tokens
+
+
+def hf_constrained_greedy(hf: Any, grammar: Any, prompt: list[int], new: int, eos: int) -> list[int]:
+    """Greedy decoding by Hugging Face's full forward at every step, masked by llguidance directly."""
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+    state = grammar.start()
+    matcher = state.matcher
+    vocab = hf.config.vocab_size
+    mask = allocate_token_bitmask(1, vocab)
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(new):
+            logits = hf(torch.tensor([ids])).logits[0, -1].double()
+            fill_next_token_bitmask(matcher, mask)
+            bits = np.unpackbits(mask.view(np.uint8), bitorder="little")[:vocab].astype(bool)
+            logits[torch.from_numpy(~bits)] = float("-inf")
+            token = int(logits.argmax())
+            if token == eos:
+                break
+            assert matcher.consume_token(token)
+            out.append(token)
+            ids.append(token)
+            if matcher.is_stopped():
+                break
+    return out
+
+
+@pytest.mark.parametrize("kind", ["json_schema", "regex", "choice"])
+def test_bpe_model_equals_hf_masked_by_llguidance(bpe_model: LanguageModel, bpe_checkpoint: Any,
+                                                  kind: str) -> None:
+    _, hf = bpe_checkpoint
+    kw = {"json_schema": {"json_schema": SCHEMAS["person"]}, "regex": {"regex": REGEX},
+          "choice": {"choice": CHOICES}}[kind]
+    prompt = bpe_model.encode('{"name": "Ada", "age": 3} ')
+    grammar = bpe_model.grammars.compile(constraint_of(**kw))  # type: ignore[arg-type]
+    expected = hf_constrained_greedy(hf, grammar, prompt, 30, 0)
+    ours = run(bpe_model, prompt, True, speculative_tokens=3, **kw)  # type: ignore[arg-type]
+    assert ours.tokens == expected
+    assert run(bpe_model, prompt, False, speculative_tokens=0, **kw).tokens == expected  # type: ignore[arg-type]
+    if kind == "json_schema":
+        assert ours.stats["forced_tokens"] > 0  # multi-byte tokens are forced too ('{"', 'name', '":')
