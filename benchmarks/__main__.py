@@ -24,7 +24,8 @@ RESULTS = HERE / "results"
 SCRIPTS = ["cache_trace", "put_get_throughput", "step_bookkeeping", "reference_attention", "generate_vs_hf",
            "speculative", "shared_prefix", "chat_reuse", "memory", "java_bridge", "realistic_size",
            "concurrent_generate", "decode_step", "java_serving", "deltanet_ops", "hybrid_generate",
-           "hybrid_chat_ttft", "tensor_parallel", "sampling_cost", "kv_dtype", "n_samples", "draft_model"]
+           "hybrid_chat_ttft", "tensor_parallel", "sampling_cost", "kv_dtype", "n_samples", "draft_model",
+           "structured"]
 OUT_ARG = {"speculative", "shared_prefix", "chat_reuse"}  # scripts that save files under --out
 QUICK_ARGS = {"speculative": ["--prompts", "2", "--new", "60", "--repeats", "1", "--ks", "3", "--draft-kv", "history"]}
 

@@ -91,7 +91,7 @@ def _schema_grammar(schema: Any) -> str:
             schema = json.loads(schema)
         except json.JSONDecodeError as exc:
             raise ConstraintError(f"is not valid JSON: {exc}", field=field) from None
-    if not isinstance(schema, (dict, bool)):
+    if not isinstance(schema, dict):
         raise ConstraintError(f"must be a JSON object (a dict or its JSON text), got "
                               f"{type(schema).__name__}", field=field)
     depth = _depth(schema, MAX_SCHEMA_DEPTH + 1)

@@ -55,18 +55,24 @@ def masked_rows(seqs: Sequence[SamplingRow], logits: torch.Tensor) -> torch.Tens
     rows = [b for b, s in enumerate(seqs) if s.grammar is not None]
     if not rows:
         return logits
-    masks = np.full((len(seqs), (logits.shape[-1] + 31) // 32), -1, dtype=np.int32)
-    for b in rows:
+    words = (logits.shape[-1] + 31) // 32
+    masks = np.zeros((len(rows), words), dtype=np.int32)
+    for i, b in enumerate(rows):
         grammar = seqs[b].grammar
         assert grammar is not None
         try:
             mask = grammar.mask()
-        except GrammarError as exc:  # the engine's failure: this row alone
+        except GrammarError as exc:  # the engine's failure: this row alone, left unmasked
             seqs[b].fail(exc)
+            masks[i] = -1
             continue
-        masks[b, : len(mask)] = mask
-        masks[b, len(mask):] = 0
-    return mask_logits(logits, masks)
+        masks[i, : len(mask)] = mask[:words]
+    if len(rows) == len(seqs):
+        return mask_logits(logits, masks)
+    out = logits.float().clone()
+    index = torch.tensor(rows, device=logits.device)
+    out[index] = mask_logits(logits[index], masks)
+    return out
 
 
 def processed_rows(seqs: Sequence[SamplingRow], logits: torch.Tensor) -> torch.Tensor:

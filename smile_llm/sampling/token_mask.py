@@ -23,13 +23,28 @@ def allowed(bitmask: np.ndarray, vocab_size: int, device: torch.device) -> torch
 
 def mask_logits(logits: torch.Tensor, bitmask: np.ndarray) -> torch.Tensor:
     """float32 ``logits`` ``[N, V]`` with every token ``bitmask`` ``[N, W]`` disallows at ``-inf``
-    (a new tensor); ids past the mask's words are disallowed too."""
+    (a new tensor); ids past the mask's words are disallowed too. On the CPU one ``numpy.where``
+    over the unpacked bits (fast for the mostly-empty or mostly-full masks grammars give), on a
+    device the bits are unpacked there."""
     vocab = logits.shape[-1]
-    keep = allowed(bitmask, min(vocab, bitmask.shape[-1] * 32), logits.device)
-    out = torch.full(logits.shape, float("-inf"), dtype=torch.float32, device=logits.device)
-    width = keep.shape[-1]
-    out[:, :width] = torch.where(keep, logits[:, :width].float(), out[:, :width])
-    return out
+    width = min(vocab, bitmask.shape[-1] * 32)
+    if logits.device.type == "cpu":
+        bits = np.zeros((logits.shape[0], vocab), dtype=np.uint8)
+        bits[:, :width] = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=-1,
+                                        count=width, bitorder="little")
+        return torch.from_numpy(np.where(bits.view(bool), logits.float().numpy(),
+                                         np.float32(-np.inf)))
+    return mask_on_device(logits, bitmask)
+
+
+def mask_on_device(logits: torch.Tensor, bitmask: np.ndarray) -> torch.Tensor:
+    """``mask_logits`` by tensor operations on the logits' device (any device)."""
+    vocab = logits.shape[-1]
+    width = min(vocab, bitmask.shape[-1] * 32)
+    keep = allowed(bitmask, width, logits.device)
+    if width < vocab:
+        keep = torch.nn.functional.pad(keep, (0, vocab - width), value=False)
+    return logits.float().masked_fill(~keep, float("-inf"))
 
 
 def only_token(mask: np.ndarray) -> int | None:

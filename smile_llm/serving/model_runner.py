@@ -205,7 +205,7 @@ class ModelRunner:
         shrinks)."""
         groups: dict[int, list[Sequence]] = {}
         trees: dict[tuple[int, ...], list[Sequence]] = {}
-        forced: dict[int, list[tuple[Sequence, list[int]]]] = {}
+        forced: list[tuple[Sequence, list[int]]] = []
         plain = []
         limit = self.speculative_max_batch
         drafting = limit is None or len(seqs) <= limit
@@ -214,7 +214,7 @@ class ModelRunner:
             if s.finished:  # its grammar failed
                 continue
             if tokens:
-                forced.setdefault(len(tokens), []).append((s, tokens))
+                forced.append((s, tokens))
                 continue
             budget = s.draft_budget() if drafting else 0
             ready = budget >= 1 and self.drafting.ready(s)
@@ -278,9 +278,13 @@ class ModelRunner:
                     self.policy.observe_tree([chunk[b] for b in rows], branching,
                                              [tree.walk(b, accepted[b].slots) for b in rows],
                                              t1 - t0, time.perf_counter() - t1)
-        for m, windows in sorted(forced.items()):
-            drafts = torch.tensor([t for _, t in windows], dtype=torch.int64)
-            self._verify([s for s, _ in windows], m, drafts, None, forced=True)
+        for windows in self._forced_groups(forced):
+            width = max(len(t) for _, t in windows)
+            drafts = torch.zeros(len(windows), width, dtype=torch.int64)  # right-padded
+            for b, (_, tokens) in enumerate(windows):
+                drafts[b, : len(tokens)] = torch.tensor(tokens)
+            self._verify([s for s, _ in windows], width, drafts, None, forced=True,
+                         widths=[len(t) for _, t in windows])
         # eager while rows speculate: a decode replay after verify replays in one step is untested
         # on a GPU
         if plain:
@@ -326,6 +330,28 @@ class ModelRunner:
             return []
 
     @staticmethod
+    def _forced_groups(windows: list[tuple[Sequence, list[int]]]
+                       ) -> list[list[tuple[Sequence, list[int]]]]:
+        """Jump-forward windows grouped into right-padded verify forwards, shortest first: a group
+        computes at most ``PADDING_WASTE * real + PADDING_FREE`` positions for its ``real`` ones,
+        and every row's bound capacity holds the group's widest window (its padding is sealed off
+        with the rejected positions)."""
+        groups: list[list[tuple[Sequence, list[int]]]] = []
+        real = 0
+        for seq, tokens in sorted(windows, key=lambda w: len(w[1])):
+            group = groups[-1] if groups else []
+            width = len(tokens)  # the widest so far (sorted)
+            if group and (len(group) + 1) * (width + 1) <= \
+                    PADDING_WASTE * (real + width + 1) + PADDING_FREE and \
+                    all(s.last_pos + 1 + width <= s.capacity for s, _ in group):
+                group.append((seq, tokens))
+                real += width + 1
+            else:
+                groups.append([(seq, tokens)])
+                real = width + 1
+        return groups
+
+    @staticmethod
     def _grammar_valid(seqs: list[Sequence], drafts: torch.Tensor) -> list[int]:
         """Per row, how many of its drafts ``[B, n]`` its grammar admits in a row (all for a free
         row): a forbidden draft ends the proposal there. A grammar failure fails the row alone (its
@@ -344,11 +370,13 @@ class ModelRunner:
         return valid
 
     def _verify(self, seqs: list[Sequence], n: int, drafts: torch.Tensor,
-                draft_probs: torch.Tensor | None, forced: bool = False) -> list[AcceptResult]:
+                draft_probs: torch.Tensor | None, forced: bool = False,
+                widths: list[int] | None = None) -> list[AcceptResult]:
         """Verify ``drafts`` ``[B, n]`` in one forward, accept per row, seal the accepted KV, append
         the tokens. ``forced``: the drafts are the tokens each row's grammar forces (jump-forward;
         acceptance keeps them all, as the grammar's mask allows nothing else), booked as forced
-        tokens and reported to the drafter as target positions (``extend``), not as a round."""
+        tokens and reported to the drafter as target positions (``extend``), not as a round.
+        ``widths``: each row's own drafts (the rest of its row is padding, never accepted)."""
         drafts = drafts.to(self.pool.device)
         draft_probs = None if draft_probs is None else draft_probs.to(self.pool.device)
         self._activate(seqs)
@@ -358,8 +386,10 @@ class ModelRunner:
         graphs = self.verify_graphs
         out = self._forward(torch.cat([last, drafts], dim=1), start, graphs,
                             graphs is not None and graphs.eligible(len(seqs)), keep_states=True)
-        results = [accept_window(seq, drafts[b], None if draft_probs is None else draft_probs[b],
-                                 out.logits[b]) for b, seq in enumerate(seqs)]
+        own = [n] * len(seqs) if widths is None else widths
+        results = [accept_window(seq, drafts[b, : own[b]],
+                                 None if draft_probs is None else draft_probs[b, : own[b]],
+                                 out.logits[b, : own[b] + 1]) for b, seq in enumerate(seqs)]
         kept = np.array([r.num_accepted for r in results], dtype=np.int64)
         # KV of the window's kept positions stays
         self.pool.truncate_to(start + 1 + kept, start + n + 1)

@@ -157,8 +157,13 @@ class Scheduler:
                 break
             self.waiting.popleft()
             bound = self._pages(capacity) * pool.page_size
-            seq = self.context.sequence(handle, rid, pool.matched_prefix_len(rid),
-                                        min(bound, final_len))
+            try:
+                seq = self.context.sequence(handle, rid, pool.matched_prefix_len(rid),
+                                            min(bound, final_len))
+            except Exception as exc:  # this request alone (its grammar could not start, say)
+                pool.unbind_request(rid)
+                self.end(handle, error=exc)
+                continue
             seq.admitted = next(self._admissions)
             self._bound[handle] = seq
             if seq.speculative_tokens:

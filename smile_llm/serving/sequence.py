@@ -292,8 +292,8 @@ class Sequence:
 
     def _finish(self) -> bool:
         self.finished = True
-        if self.grammar is not None:
-            self.constraint_complete = self.grammar.complete
+        if self.grammar is not None:  # a stop string cut the text: no longer a whole match
+            self.constraint_complete = self.grammar.complete and not self.cut
         self._flush()
         return True
 

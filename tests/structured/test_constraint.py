@@ -15,7 +15,7 @@ from smile_llm.errors import ConstraintError
 from smile_llm.models.tokenizer import ByteTokenizer
 from smile_llm.sampling import constraint as C
 from smile_llm.sampling.grammar_compiler import CACHE_SIZE, GrammarCompiler
-from smile_llm.sampling.token_mask import mask_logits, only_token
+from smile_llm.sampling.token_mask import mask_logits, mask_on_device, only_token
 
 VOCAB = 260  # bytes, <|endoftext|> (256) and three more specials
 
@@ -157,5 +157,10 @@ def test_masking_logits_and_only_token() -> None:
     assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [1, 3]
     assert out[0, 3] == logits[0, 3]
     assert torch.isinf(out[1]).all()  # 287 lies past these logits
+    rng = np.random.default_rng(0)
+    for vocab in (270, 288, 300):  # narrower than the mask, as wide, wider
+        words = rng.integers(-2**31, 2**31, size=(3, 9), dtype=np.int64).astype(np.int32)
+        x = torch.randn(3, vocab, generator=torch.Generator().manual_seed(vocab)).to(torch.bfloat16)
+        assert torch.equal(mask_logits(x, words), mask_on_device(x, words))
     assert only_token(mask[0]) is None and only_token(mask[1]) == 287
     assert only_token(np.zeros(9, dtype=np.int32)) is None

@@ -165,3 +165,45 @@ def test_bpe_model_equals_hf_masked_by_llguidance(bpe_model: LanguageModel, bpe_
     assert run(bpe_model, prompt, False, speculative_tokens=0, **kw).tokens == expected  # type: ignore[arg-type]
     if kind == "json_schema":
         assert ours.stats["forced_tokens"] > 0  # multi-byte tokens are forced too ('{"', 'name', '":')
+
+
+def test_forced_windows_of_different_widths_share_a_forward(byte_model: LanguageModel) -> None:
+    """Rows whose grammars force different numbers of tokens go through one right-padded verify forward; each row
+    keeps exactly its own tokens."""
+    schemas = [SCHEMAS["nested"], SCHEMAS["person"], SCHEMAS["array"], {"enum": ["a-very-long-constant", "b"]}]
+    params = [SamplingParams(max_new_tokens=80, json_schema=s, speculative_tokens=0) for s in schemas]
+    alone = [byte_model.submit(f"{i}: ", p).result(60).tokens for i, p in enumerate(params)]
+    calls = []
+    forward = byte_model.runner._verify
+
+    def counting(seqs: Any, n: int, *args: Any, **kw: Any) -> Any:
+        calls.append((len(seqs), n, kw.get("widths")))
+        return forward(seqs, n, *args, **kw)
+
+    byte_model.runner._verify = counting  # type: ignore[method-assign]
+    try:
+        handles = [byte_model.submit(f"{i}: ", p) for i, p in enumerate(params)]
+        assert [h.result(60).tokens for h in handles] == alone
+    finally:
+        del byte_model.runner._verify
+    ragged = [c for c in calls if c[2] is not None and len(set(c[2])) > 1]
+    assert ragged and all(max(w) == n for _, n, w in ragged)
+
+
+def test_forced_groups_bound_padding_and_capacity() -> None:
+    from smile_llm.serving.model_runner import ModelRunner
+
+    class Row:
+        def __init__(self, last_pos: int, capacity: int) -> None:
+            self.last_pos, self.capacity = last_pos, capacity
+
+    rows = [(Row(10, 100), [1] * w) for w in (1, 2, 16, 3)] + [(Row(10, 14), [1] * 3)]
+    groups = ModelRunner._forced_groups(rows)  # type: ignore[arg-type]
+    widths = [[len(t) for _, t in g] for g in groups]
+    assert sorted(w for g in widths for w in g) == [1, 2, 3, 3, 16]
+    for g in groups:
+        width = max(len(t) for _, t in g)
+        assert all(s.last_pos + 1 + width <= s.capacity for s, _ in g)
+        real = sum(len(t) + 1 for _, t in g)
+        assert len(g) == 1 or len(g) * (width + 1) <= 1.25 * real + 64
+    assert widths[0] == [1, 2, 3, 3]  # the short windows share one forward

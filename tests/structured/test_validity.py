@@ -19,8 +19,8 @@ SAMPLES = 20 if CI else 40  # per constraint: 5 schemas and 4 other constraints 
 LIMIT = 120  # every bounded constraint here finishes far below it
 
 REGEX = r"[a-z]{2,6}-[0-9]{1,3}( [A-Z][a-z]{0,4})?"
-GRAMMAR = 'start: item ("," item)*\nitem: WORD "=" NUMBER\nWORD: /[a-z]{1,4}/\nNUMBER: /[0-9]{1,2}/\n'
-GRAMMAR_AS_REGEX = r"[a-z]{1,4}=[0-9]{1,2}(,[a-z]{1,4}=[0-9]{1,2})*"
+GRAMMAR = 'start: item ("," item)~0..3\nitem: WORD "=" NUMBER\nWORD: /[a-z]{1,4}/\nNUMBER: /[0-9]{1,2}/\n'
+GRAMMAR_AS_REGEX = r"[a-z]{1,4}=[0-9]{1,2}(,[a-z]{1,4}=[0-9]{1,2}){0,3}"
 CHOICES = ["alpha", "beta", "gamma delta", "alphabet", 'quo"te']
 
 
