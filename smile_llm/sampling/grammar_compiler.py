@@ -10,10 +10,11 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from ..errors import ConstraintError
+from ..errors import ConstraintError, GrammarError
 from ..models.tokenizer import Tokenizer
 from .constraint import Constraint
 from .grammar_state import GrammarState
+from .token_mask import allowed_count
 from .token_table import token_table
 
 CACHE_SIZE = 64  # compiled grammars kept per model
@@ -73,7 +74,7 @@ class GrammarCompiler:
         """``constraint`` compiled (from the cache when it was compiled recently).
         ConstraintError naming the constraint's field and quoting the engine's message when the
         engine refuses it (a schema it cannot compile, a regex or grammar with an error, a grammar
-        over ``parser_limits``)."""
+        over ``parser_limits``), or when no token of the model can begin an output it allows."""
         from llguidance import LLMatcher
 
         table = self.table()
@@ -87,8 +88,18 @@ class GrammarCompiler:
         if matcher.is_error():
             raise ConstraintError(f"the grammar engine refused it: {matcher.get_error()}",
                                   field=constraint.field)
-        compiled = CompiledGrammar(constraint, matcher, self.vocab_size, self.eos_token_ids,
+        # the table's width: the mask's (a byte table over a small vocabulary may be wider)
+        compiled = CompiledGrammar(constraint, matcher, int(table.vocab_size), self.eos_token_ids,
                                    self._lock)
+        try:
+            first = compiled.start().mask()
+        except GrammarError as exc:
+            first, reason = None, f" ({exc})"
+        else:
+            reason = ""
+        if first is None or allowed_count(first, self.vocab_size) == 0:
+            raise ConstraintError(f"no token of the model can begin an output it allows{reason}",
+                                  field=constraint.field)
         with self._lock:
             self.compiled += 1
             self._cache[constraint.source] = compiled

@@ -47,7 +47,8 @@ class GrammarState:
 
     def _check(self) -> None:
         if self.matcher.is_error():
-            raise GrammarError(f"the grammar engine failed: {self.matcher.get_error()}")
+            message = str(self.matcher.get_error()).replace("<non-verbose/>", "").strip()
+            raise GrammarError(f"the grammar engine failed: {message}")
 
     def _compute(self, out: np.ndarray) -> None:
         self.matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)

@@ -47,6 +47,12 @@ def mask_on_device(logits: torch.Tensor, bitmask: np.ndarray) -> torch.Tensor:
     return logits.float().masked_fill(~keep, float("-inf"))
 
 
+def allowed_count(mask: np.ndarray, vocab_size: int) -> int:
+    """How many of the ids below ``vocab_size`` a mask ``[W]`` allows."""
+    bits = np.unpackbits(np.ascontiguousarray(mask).view(np.uint8), bitorder="little")
+    return int(bits[:vocab_size].sum())
+
+
 def only_token(mask: np.ndarray) -> int | None:
     """The one token a mask ``[W]`` allows, None when it allows none or several."""
     words = np.flatnonzero(mask)

@@ -14,8 +14,10 @@ from ..models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 
 class _ByteTokens:
-    """The byte tokenizer in llguidance's ``TokenizerWrapper`` shape: ids 0-255 are their bytes,
-    every id from 256 a special token (named as it decodes nowhere)."""
+    """The byte tokenizer in llguidance's ``TokenizerWrapper`` shape: ids 0-255 are their bytes (all
+    of them, as the engine needs; a model with fewer logits never writes the others, see
+    ``GrammarCompiler.compile``), every id from 256 a special token (named as it decodes
+    nowhere)."""
 
     bos_token_id = None
 
@@ -42,7 +44,8 @@ def token_table(tokenizer: Tokenizer, vocab_size: int, eos_token_ids: tuple[int,
         if isinstance(tokenizer, ByteTokenizer):
             words = _ByteTokens(max(vocab_size, tokenizer.vocab_size),
                                 eos[0] if eos else tokenizer.eos_token_ids[0])
-            return LLTokenizer(TokenizerWrapper(words), n_vocab=vocab_size, eos_token=eos or None)
+            return LLTokenizer(TokenizerWrapper(words), n_vocab=len(words.tokens),
+                               eos_token=eos or None)
     except Exception as exc:  # the engine's own message (it raises ValueError or RuntimeError)
         raise ConstraintError(f"the grammar engine cannot read the model's tokenizer: {exc}",
                               field="tokenizer") from None

@@ -278,7 +278,14 @@ class ModelRunner:
                     self.policy.observe_tree([chunk[b] for b in rows], branching,
                                              [tree.walk(b, accepted[b].slots) for b in rows],
                                              t1 - t0, time.perf_counter() - t1)
-        for windows in self._forced_groups(forced):
+        if forced:  # plain rows may share a jump-forward forward (a window of their last token)
+            shared, plain = self._forced_groups(forced + [(s, []) for s in plain]), []
+        else:
+            shared = []
+        for windows in shared:
+            if all(not t for _, t in windows):  # plain rows alone: a decode step
+                plain.extend(s for s, _ in windows)
+                continue
             width = max(len(t) for _, t in windows)
             drafts = torch.zeros(len(windows), width, dtype=torch.int64)  # right-padded
             for b, (_, tokens) in enumerate(windows):

@@ -41,7 +41,7 @@ class VerifyRow(Protocol):
 def accept_window(seq: VerifyRow, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
                   logits: torch.Tensor) -> AcceptResult:
     """The kept drafts and the bonus token of ``seq``'s window ``[last, d_0..d_{n-1}]`` (``logits``
-    ``[n + 1, V]``). Greedy drafts: compared with the target's choice at every window position
+    ``[n + 1, V]``; ``n`` may be 0: the token plain decoding would choose). Greedy drafts: compared with the target's choice at every window position
     (``accept_greedy``); sampled drafts (``draft_probs`` ``[n, V]``): rejection sampling against the
     target's distributions."""
     d = drafts.tolist()
@@ -52,11 +52,14 @@ def accept_window(seq: VerifyRow, drafts: torch.Tensor, draft_probs: torch.Tenso
         p = probabilities(logits, seq.temperature, seq.top_p, seq.top_k, seq.min_p)
         return accept_rejection(d, draft_probs, p, seq.rng.at(first, seq.rng.ACCEPT))
     if seq.temperature == 0:
-        return accept_greedy(d, logits.argmax(dim=-1).tolist())
-    # the draws plain decoding would make
-    uniforms = [seq.rng.uniform(first + j) for j in range(len(d) + 1)]
-    targets = sample(logits, seq.temperature, seq.top_p, uniforms, top_k=seq.top_k, min_p=seq.min_p)
-    return accept_greedy(d, targets.tolist())
+        targets = logits.argmax(dim=-1).tolist()
+    else:  # the draws plain decoding would make
+        uniforms = [seq.rng.uniform(first + j) for j in range(len(d) + 1)]
+        targets = sample(logits, seq.temperature, seq.top_p, uniforms, top_k=seq.top_k,
+                         min_p=seq.min_p).tolist()
+    if not d:  # a window of the last token alone: plain decoding's choice
+        return AcceptResult(0, (targets[0],))
+    return accept_greedy(d, targets)
 
 
 def accept_tree_row(seq: VerifyRow, tree: DraftTree, row: int, depths: np.ndarray,

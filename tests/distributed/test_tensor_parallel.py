@@ -71,8 +71,9 @@ def test_tp2_equals_tp1_with_pools_in_lockstep(folder: Path, tmp_path: Path, rec
     for key in ("prompt_logits", "step_logits"):
         assert np.array(one[key]).shape == (len(one[key]), 97)
         check_logits(tp[key], one[key], folder, leader["dtype"], key, record_property)
-    for key in ("plain", "spec", "batch", "sampled", "engine"):
+    for key in ("plain", "spec", "batch", "sampled", "engine", "constrained"):
         assert tp[key] == one[key], key
+    assert bytes(tp["constrained"]).startswith(b"A") and len(tp["constrained"]) >= 7
     assert tp["spec"] == tp["plain"] and tp["spec_stats"]["speculative_rounds"] > 0
     check_speculation(tp, one, ("spec_stats", "batch_stats", "sampled_stats"))
     assert tp["engine_draft_errors"] == one["engine_draft_errors"] == [0] * 6

@@ -174,6 +174,9 @@ def parity(rank: int, folder: Path, result: dict[str, Any]) -> None:
             r["batch"], r["batch_stats"] = [c.tokens for c in batch], [spec_stats(c) for c in batch]
             sampled = model.generate(PROMPTS[1], 12, temperature=0.9, seed=5)
             r["sampled"], r["sampled_stats"] = sampled.tokens, spec_stats(sampled)
+            # constrained: the grammar's mask, drafts cut where it refuses them, jump-forward windows
+            constrained = model.generate(PROMPTS[1], 12, regex="A[0-9A-F]{3}-[0-9]{2,6}")
+            r["constrained"], r["constrained_stats"] = constrained.tokens, spec_stats(constrained)
             with InferenceEngine(model, max_batch_size=3) as engine:
                 handles: list[Any] = [None] * 6
                 threads = [threading.Thread(target=lambda i=i: handles.__setitem__(

@@ -164,3 +164,11 @@ def test_masking_logits_and_only_token() -> None:
         assert torch.equal(mask_logits(x, words), mask_on_device(x, words))
     assert only_token(mask[0]) is None and only_token(mask[1]) == 287
     assert only_token(np.zeros(9, dtype=np.int32)) is None
+
+
+def test_a_constraint_the_vocabulary_cannot_begin_is_refused() -> None:
+    small = GrammarCompiler(ByteTokenizer(97, 1), 97, (1,))  # ids 0-96: no lowercase letters
+    with pytest.raises(ConstraintError, match="regex: no token of the model can begin"):
+        small.compile(C.constraint_of(regex="[a-z]+"))  # type: ignore[arg-type]
+    state = small.compile(C.constraint_of(regex="[0-9A-F]{2}")).start()  # type: ignore[arg-type]
+    assert allowed(state.mask()) == list(range(48, 58)) + list(range(65, 71))

@@ -168,10 +168,11 @@ def test_bpe_model_equals_hf_masked_by_llguidance(bpe_model: LanguageModel, bpe_
 
 
 def test_forced_windows_of_different_widths_share_a_forward(byte_model: LanguageModel) -> None:
-    """Rows whose grammars force different numbers of tokens go through one right-padded verify forward; each row
-    keeps exactly its own tokens."""
+    """Rows whose grammars force different numbers of tokens go through one right-padded verify forward, and so may a
+    row that samples (a window of its last token alone); each row keeps exactly its own tokens."""
     schemas = [SCHEMAS["nested"], SCHEMAS["person"], SCHEMAS["array"], {"enum": ["a-very-long-constant", "b"]}]
     params = [SamplingParams(max_new_tokens=80, json_schema=s, speculative_tokens=0) for s in schemas]
+    params.append(SamplingParams(max_new_tokens=40, temperature=1.0, seed=9, speculative_tokens=0))  # free
     alone = [byte_model.submit(f"{i}: ", p).result(60).tokens for i, p in enumerate(params)]
     calls = []
     forward = byte_model.runner._verify
@@ -188,6 +189,7 @@ def test_forced_windows_of_different_widths_share_a_forward(byte_model: Language
         del byte_model.runner._verify
     ragged = [c for c in calls if c[2] is not None and len(set(c[2])) > 1]
     assert ragged and all(max(w) == n for _, n, w in ragged)
+    assert any(0 in w for _, _, w in ragged)  # the free row shared a jump-forward forward
 
 
 def test_forced_groups_bound_padding_and_capacity() -> None:
@@ -207,3 +209,19 @@ def test_forced_groups_bound_padding_and_capacity() -> None:
         real = sum(len(t) + 1 for _, t in g)
         assert len(g) == 1 or len(g) * (width + 1) <= 1.25 * real + 64
     assert widths[0] == [1, 2, 3, 3]  # the short windows share one forward
+
+
+def test_hybrid_model_constrained_equals_plain() -> None:
+    """On the hybrid model (Gated DeltaNet layers: verify forwards keep and rewind recurrent state), jump-forward,
+    MTP speculation and a mixed batch give the tokens of token-by-token constrained decoding."""
+    model = LanguageModel.default("hybrid")
+    try:
+        rows = [("h1: ", {"json_schema": SCHEMAS["nested"]}), ("h2: ", {"regex": REGEX, "temperature": 1.0, "seed": 3}),
+                ("h3: ", {"temperature": 0.7, "seed": 4})]
+        alone = [plain(model, p, **kw) for p, kw in rows]
+        for jump, k in ((True, 0), (False, 3), (True, 3)):
+            assert [run(model, p, jump, speculative_tokens=k, **kw).tokens for p, kw in rows] == alone
+        handles = [model.submit(p, SamplingParams(max_new_tokens=NEW, speculative_tokens=2, **kw)) for p, kw in rows]
+        assert [h.result(120).tokens for h in handles] == alone
+    finally:
+        model.close()
