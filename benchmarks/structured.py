@@ -52,6 +52,7 @@ step measured 100-300 ms with 2 threads at load average 3-6).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -68,6 +69,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_env import code_version  # noqa: E402
+from realistic_size import StepClock  # noqa: E402
+
+# the peer of part 3 (and of the bitmask-application figures): the optional "peers" extra
+HAVE_XGRAMMAR = importlib.util.find_spec("xgrammar") is not None
 
 EOS_TEXT = "<|endoftext|>"
 MAX_NEW = 320  # every schema's longest output is well below this
@@ -360,7 +365,7 @@ def overhead_section(lm: Any, schemas: list[str], prompts: dict[str, list[str]],
     (con_model, con_rows), (jf_model, jf_rows) = BATCH_FORWARDS["constrained"], BATCH_FORWARDS["jump-forward"]
     print(f"  batch {args.batch}, all runs: model forwards {con_model} with jump-forward off, {jf_model} on (the rows' "
           f"own forwards summed: {con_rows} and {jf_rows})")
-    for vocab in (lm.config.vocab_size, QWEN3_VOCAB):
+    for vocab in (lm.config.vocab_size, QWEN3_VOCAB) if HAVE_XGRAMMAR else ():
         for batch in (1, args.batch):
             ours, theirs = apply_cost(vocab, batch)
             print(f"  applying a bitmask to [{batch}, {vocab}] float32 logits, per step: smile-llm mask_logits "
@@ -442,19 +447,6 @@ def forwards_case(lm: Any, schemas: list[str], prompts: dict[str, list[str]], re
 
 
 # ---------------------------------------------------------------------------------------------- 3. peers
-class StepClock:
-    """A ``transformers`` streamer recording when each ``put`` arrives (the prompt first, then each token)."""
-
-    def __init__(self) -> None:
-        self.stamps: list[float] = []
-
-    def put(self, value: torch.Tensor) -> None:
-        self.stamps.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
-
-
 def no_forcing_grammar(schema: dict) -> str:
     """The schema as an llguidance Lark grammar with forced-text canonicalisation off (every tokenization of forced
     text allowed, as xgrammar does), in smile-llm's JSON layout."""
@@ -769,6 +761,18 @@ def run(args: argparse.Namespace, schemas: list[str], folder: Path, t_start: flo
     lm_mtp.close()
 
     # 3. peers
+    rng = results2["random Qwen3, n-gram drafter"]["rows"]
+    mtp = results2["default model (trained, byte tokenizer), MTP head"]["rows"]
+    summary = (f"structured output overhead constrained/free batch 1 {ratio1:.3f}, batch {args.batch} "
+               f"{ratio_n:.3f} (goal < 1.10; jump-forward on {ratio1_jf:.2f} / {ratio_n_jf:.2f}); forwards/token "
+               f"token-by-token -> jump-forward+speculation {rng['token by token'][0]:.2f} -> "
+               f"{rng['jump-forward + speculation'][0]:.2f} (n-gram), {mtp['token by token'][0]:.2f} -> "
+               f"{mtp['jump-forward + speculation'][0]:.2f} (MTP)")
+    if not HAVE_XGRAMMAR:
+        print("\n3. peers: skipped, xgrammar is not installed (pip install -e \".[peers]\")")
+        print(f"headline: {summary}")
+        lm.close()
+        return
     print("\n3. peers: HF transformers generate + xgrammar LogitsProcessor, same weights, schemas and prompts "
           "(batch 1)", flush=True)
     engines = Engines(lm, folder, vocab, eos)
@@ -801,13 +805,7 @@ def run(args: argparse.Namespace, schemas: list[str], folder: Path, t_start: flo
           f"({nf_a * 1e6:.1f}), xgrammar {x_m * 1e6:.1f} ({x_a * 1e6:.1f}); llguidance/xgrammar {ll_m / x_m:.2f}x")
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(f"(load average at the end {load}; {time.perf_counter() - t_start:.0f} s)")
-    rng = results2["random Qwen3, n-gram drafter"]["rows"]
-    mtp = results2["default model (trained, byte tokenizer), MTP head"]["rows"]
-    print(f"headline: structured output overhead constrained/free batch 1 {ratio1:.3f}, batch {args.batch} "
-          f"{ratio_n:.3f} (goal < 1.10; jump-forward on {ratio1_jf:.2f} / {ratio_n_jf:.2f}); forwards/token "
-          f"token-by-token -> jump-forward+speculation {rng['token by token'][0]:.2f} -> "
-          f"{rng['jump-forward + speculation'][0]:.2f} (n-gram), {mtp['token by token'][0]:.2f} -> "
-          f"{mtp['jump-forward + speculation'][0]:.2f} (MTP); HF+xgrammar/ours {t['hf_xgr'] / t['ours']:.2f}x; "
+    print(f"headline: {summary}; HF+xgrammar/ours {t['hf_xgr'] / t['ours']:.2f}x; "
           f"mask us/token llguidance {ll_m * 1e6:.1f} xgrammar {x_m * 1e6:.1f}")
     lm.close()
 

@@ -41,9 +41,9 @@ class VerifyRow(Protocol):
 def accept_window(seq: VerifyRow, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
                   logits: torch.Tensor) -> AcceptResult:
     """The kept drafts and the bonus token of ``seq``'s window ``[last, d_0..d_{n-1}]`` (``logits``
-    ``[n + 1, V]``; ``n`` may be 0: the token plain decoding would choose). Greedy drafts: compared with the target's choice at every window position
-    (``accept_greedy``); sampled drafts (``draft_probs`` ``[n, V]``): rejection sampling against the
-    target's distributions."""
+    ``[n + 1, V]``; ``n`` may be 0: the token plain decoding would choose). Greedy drafts: compared
+    with the target's choice at every window position (``accept_greedy``); sampled drafts
+    (``draft_probs`` ``[n, V]``): rejection sampling against the target's distributions."""
     d = drafts.tolist()
     first = seq.last_pos + 1  # window position j predicts the token at first + j
     # the request's processors at every window position, as if the drafts before it were accepted
