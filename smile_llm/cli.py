@@ -355,6 +355,59 @@ def _model_options(parser: argparse.ArgumentParser, model_help: str,
     add_threads_option(parser)
 
 
+def _serve_options(p: argparse.ArgumentParser) -> None:
+    """The flags of ``smile-llm serve`` beyond the model's."""
+    from .server.settings import MAX_BODY_BYTES, MAX_QUEUED
+
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", help="the key clients must send (else SMILE_LLM_API_KEY)")
+    p.add_argument("--api-key-file", help="a file holding the key")
+    p.add_argument("--served-model-name", default="smile-llm", help="the model's name in the API")
+    p.add_argument("--drafter", default="mtp", help='"mtp", "ngram", "draft:DIR" or "none"')
+    p.add_argument("--kv-dtype", default=None, help="the KV cache's dtype (e.g. fp8_e4m3)")
+    p.add_argument("--max-batch-size", type=_positive_int, default=8)
+    p.add_argument("--max-seq-len", type=_positive_int, default=None)
+    p.add_argument("--max-body-bytes", type=_positive_int, default=MAX_BODY_BYTES)
+    p.add_argument("--max-tokens", type=_positive_int, default=None,
+                   help="the most tokens a request may ask for (default: the context)")
+    p.add_argument("--max-n", type=_positive_int, default=16)
+    p.add_argument("--max-queued", type=_positive_int, default=MAX_QUEUED)
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds a SIGTERM waits for in-flight requests")
+    p.add_argument("--log-level", default="info")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``smile-llm serve``: the model's OpenAI-compatible API until SIGTERM or Ctrl-C (rank > 0
+    of a tensor-parallel model follows rank 0). Returns 0 after a clean drain."""
+    from . import env
+    from .server import ServerSettings, serve
+
+    key = args.api_key
+    if key is None and args.api_key_file is not None:
+        try:
+            key = Path(args.api_key_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise CommandError(f"--api-key-file: {exc.strerror}: {args.api_key_file}") from None
+    settings = ServerSettings(args.served_model_name, key or env.api_key(), args.max_body_bytes,
+                              args.max_tokens, args.max_n, args.max_queued, args.drain_timeout)
+    if env.distributed_launch() and env.local_rank() > 0:
+        return _with_model(args, lambda lm: 0)
+
+    def load() -> Any:
+        from .language_model import LanguageModel
+
+        options = dict(drafter=None if args.drafter == "none" else args.drafter,
+                       kv_dtype=args.kv_dtype, max_batch_size=args.max_batch_size,
+                       max_seq_len=args.max_seq_len, tensor_parallel=_tensor_parallel(args))
+        if args.model is None:
+            return LanguageModel.default(kind=args.kind, **options)
+        return LanguageModel.from_pretrained(args.model, **options)
+
+    return serve(load, settings, args.host, args.port, args.log_level)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every sub-command but ``serve-jvm`` and ``bench`` (they parse their own
     arguments)."""
@@ -431,6 +484,11 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--out", default="spec_lab_results",
                      help="the results folder (default spec_lab_results)")
     lab.set_defaults(run=cmd_spec_lab)
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (the embedded default "
+                                         "model unless --model; docs/server.md)")
+    _model_options(serve, MODEL_FOLDER)
+    _serve_options(serve)
+    serve.set_defaults(run=cmd_serve)
     sub.add_parser("bench", help="run the benchmark scripts of a source checkout: bench "
                                  "[all|quick|NAME ...] [--skip NAME ...] (see python -m benchmarks "
                                  "-h)")

@@ -88,3 +88,9 @@ def default_threads() -> int:
     if explicit is not None:
         return explicit
     return max(1, usable_cores() // (_positive_int("LOCAL_WORLD_SIZE") or 1))
+
+
+def api_key() -> str | None:
+    """``SMILE_LLM_API_KEY``: the key ``smile-llm serve`` requires when no ``--api-key`` or
+    ``--api-key-file`` is given (unset or empty: none)."""
+    return os.environ.get("SMILE_LLM_API_KEY") or None

@@ -203,7 +203,8 @@ def test_ctrl_c_in_chat_stops_the_reply_and_the_chat_goes_on(chat_model: Path) -
             proc.send_signal(signal.SIGINT)
             read_until(proc.stdout, "[reply stopped]\n> ", timeout=60)
         proc.send_signal(signal.SIGINT)  # at the prompt: the chat ends
-        out, err = proc.communicate(timeout=60)
+        proc.wait(timeout=60)  # stdin stays open: an end of input cannot end the chat first
+        out, err = proc.communicate(timeout=10)
     finally:
         proc.kill()
     assert proc.returncode == 130, err

@@ -1,0 +1,67 @@
+"""The server's Prometheus metrics (``GET /metrics``, through ``prometheus-client``), each in the
+app's own registry: latency histograms (time to first token, inter-token latency, end to end),
+request and token counters (prompt, cached, generated; the prefix-cache hit rate is cached over
+prompt tokens), speculative drafts (proposed and accepted), and gauges read at scrape time (running
+and waiting requests, KV pages in use)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+PREFIX = "smile_llm"
+
+
+class ServerMetrics:
+    """The metrics of one app; ``state.model`` (its serving loop and pool) is read at scrape time
+    (0 while no model is loaded)."""
+
+    def __init__(self, state: Any) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Time to first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds",
+                             "Time between streamed tokens", buckets=LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram(f"{PREFIX}_e2e_request_latency_seconds", "Request latency, end to end",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(f"{PREFIX}_requests", "Requests answered, by status",
+                                ["status"], registry=r)
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens", registry=r)
+        self.cached_tokens = Counter(f"{PREFIX}_cached_prompt_tokens",
+                                     "Prompt tokens found in the prefix cache", registry=r)
+        self.generated_tokens = Counter(f"{PREFIX}_generation_tokens", "Generated tokens",
+                                        registry=r)
+        self.proposed = Counter(f"{PREFIX}_spec_decode_proposed_tokens", "Drafts proposed",
+                                registry=r)
+        self.accepted = Counter(f"{PREFIX}_spec_decode_accepted_tokens", "Drafts accepted",
+                                registry=r)
+        running = Gauge(f"{PREFIX}_num_requests_running", "Requests bound in the pool",
+                        registry=r)
+        running.set_function(lambda: _of(state, lambda m: m.server.num_running))
+        waiting = Gauge(f"{PREFIX}_num_requests_waiting", "Requests queued", registry=r)
+        waiting.set_function(lambda: _of(state, lambda m: m.server.num_waiting))
+        pages = Gauge(f"{PREFIX}_kv_cache_pages_used", "KV pages in use", registry=r)
+        pages.set_function(lambda: _of(state, lambda m: _pages(m) - m.pool.free_pages))
+        Gauge(f"{PREFIX}_kv_cache_pages", "KV pages in all", registry=r).set_function(
+            lambda: _of(state, _pages))
+
+    def completed(self, stats: dict[str, Any], seconds: float) -> None:
+        """Book one finished generation (a ``Completion``'s stats)."""
+        self.e2e.observe(seconds)
+        self.prompt_tokens.inc(stats.get("prompt_tokens", 0))
+        self.cached_tokens.inc(stats.get("cached_tokens", 0))
+        self.generated_tokens.inc(stats.get("generated_tokens", 0))
+        self.proposed.inc(stats.get("proposed_drafts", 0))
+        self.accepted.inc(stats.get("accepted_drafts", 0))
+
+
+def _pages(model: Any) -> int:
+    return int(model.pool.num_slots // model.pool.page_size)
+
+
+def _of(state: Any, read: Any) -> float:
+    model = state.model
+    return 0.0 if model is None else float(read(model))

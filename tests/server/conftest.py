@@ -1,0 +1,85 @@
+"""A live server for the HTTP tests: the shipped byte-level model (copied with a ChatML chat template) behind
+``create_app`` on uvicorn, on a free loopback port, in a thread of the test process (so tests can read the model's
+pool directly); one with an API key."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+
+from smile_llm import LanguageModel  # noqa: E402
+from smile_llm.models.shipped import DEFAULT_MODEL_DIRS  # noqa: E402
+from smile_llm.server import ServerSettings, create_app  # noqa: E402
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+KEY = "sk-test-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LiveServer:
+    """uvicorn serving ``app`` on a thread; ``url`` its base URL."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start within 30 s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="session")
+def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanguageModel]:
+    folder = tmp_path_factory.mktemp("chatml") / "model"
+    shutil.copytree(DEFAULT_MODEL_DIRS["dense"], folder)
+    (folder / "chat_template.jinja").write_text(CHATML)
+    model = LanguageModel.from_pretrained(folder, max_batch_size=8, max_seq_len=1024)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="session")
+def live(chat_model: LanguageModel) -> Iterator[LiveServer]:
+    server = LiveServer(create_app(chat_model, ServerSettings(model_name="smile-test", max_queued=64)))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def keyed(chat_model: LanguageModel) -> Iterator[LiveServer]:
+    server = LiveServer(create_app(chat_model, ServerSettings(model_name="smile-test", api_key=KEY)))
+    yield server
+    server.stop()
+
+
+def wait_unbound(model: LanguageModel, timeout: float = 10.0) -> None:
+    """Wait until no request is bound in the model's pool (bounded)."""
+    deadline = time.monotonic() + timeout
+    while model.pool.bound_request_count or model.server.num_running or model.server.num_waiting:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"requests still bound after {timeout} s: {model.pool.bound_request_count}")
+        time.sleep(0.01)
