@@ -36,6 +36,7 @@ from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .request_params import sampling_params
 from .responses import chat_chunk, chat_response, event, text_chunk, text_response, usage
 from .settings import RETRY_AFTER_S, ServerSettings
+from .tool_calls import ToolCall, ToolCallParser, check_tools, tool_grammar
 
 log = logging.getLogger("smile_llm.server")
 B = TypeVar("B", bound=BaseModel)
@@ -131,19 +132,18 @@ def create_app(model: Any, settings: ServerSettings | None = None) -> FastAPI:
     @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         body = await admit(state, request, ChatCompletionRequest)
-        if body.tool_choice not in (None, "none", "auto"):
-            raise ApiError(400, "tool_choice other than 'none' and 'auto' is not supported",
-                           param="tool_choice")
+        functions = check_tools(body.tools, body.tool_choice)
         model = state.model
         messages = [_message(m.model_dump(exclude_none=True)) for m in body.messages]
-        tools = body.tools if body.tool_choice != "none" else None
+        tools = body.tools if body.tools and body.tool_choice != "none" else None
 
         def prompt() -> list[int]:
             try:
                 return list(model.encode_chat(messages, True, tools))
             except ValueError as exc:
                 raise ApiError(400, str(exc), param="messages") from None
-        return await generate(state, request, body, prompt, chat=True)
+        return await generate(state, request, body, prompt, chat=True, tools=tools is not None,
+                              grammar=tool_grammar(functions, body.tool_choice))
 
     @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
@@ -258,9 +258,11 @@ def _prompt_ids(model: Any, prompt: Any, messages: Any) -> list[int]:
             from None
 
 
-async def generate(state: ServerState, request: Request, body: Any, prompt: Any,
-                   chat: bool) -> Response:
-    """Encode, validate and submit the request's samples, then answer (plain or streamed)."""
+async def generate(state: ServerState, request: Request, body: Any, prompt: Any, chat: bool,
+                   tools: bool = False, grammar: str | None = None) -> Response:
+    """Encode, validate and submit the request's samples, then answer (plain or streamed).
+    ``tools``: replies are parsed for tool calls; ``grammar``: the tool-call grammar the reply must
+    follow (``tool_choice`` "required" or a named function)."""
     model, settings = state.model, state.settings
     loop = asyncio.get_running_loop()
 
@@ -270,7 +272,7 @@ async def generate(state: ServerState, request: Request, body: Any, prompt: Any,
             raise ApiError(413, f"the prompt is {len(ids)} tokens, over the model's context of "
                            f"{model.max_seq_len}", param="messages" if chat else "prompt")
         try:
-            params = sampling_params(body, settings, model.max_seq_len)
+            params = sampling_params(body, settings, model.max_seq_len, grammar)
             return ids, Generation(model, ids, params, body.n, loop)
         except ApiError:
             raise
@@ -283,8 +285,8 @@ async def generate(state: ServerState, request: Request, body: Any, prompt: Any,
     echo = body.prompt if not chat and body.echo and isinstance(body.prompt, str) else ""
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(stream(state, gen, rid, name, len(ids), chat, include_usage, echo),
-                                 media_type="text/event-stream")
+        return StreamingResponse(stream(state, gen, rid, name, len(ids), chat, include_usage, echo,
+                                        tools), media_type="text/event-stream")
     waiter = asyncio.ensure_future(gen.results())
     try:
         while not waiter.done():
@@ -302,7 +304,7 @@ async def generate(state: ServerState, request: Request, body: Any, prompt: Any,
             waiter.cancel()
     _book(state, gen, outs)
     decode = model.decode
-    payload = (chat_response(rid, name, decode, len(ids), outs) if chat else
+    payload = (chat_response(rid, name, decode, len(ids), outs, tools) if chat else
                text_response(rid, name, decode, len(ids), outs, echo))
     state.metrics.requests.labels("200").inc()
     return JSONResponse(payload)
@@ -319,28 +321,52 @@ def _book(state: ServerState, gen: Generation, outs: list[Any]) -> None:
 
 
 async def stream(state: ServerState, gen: Generation, rid: str, name: str, prompt_tokens: int,
-                 chat: bool, include_usage: bool, echo: str) -> AsyncIterator[bytes]:
+                 chat: bool, include_usage: bool, echo: str,
+                 tools: bool = False) -> AsyncIterator[bytes]:
     """The samples' deltas as server-sent events: for chat a first delta with the role, then the
     content, then an empty delta with the finish reason; ``usage`` last when asked for; then
     ``[DONE]``. A request that fails sends an error object. Leaving early (the client went away)
-    cancels every sample."""
+    cancels every sample. With ``tools``, each choice's text goes through a ``ToolCallParser``:
+    content as content deltas, each call as a ``tool_calls`` delta, finish reason "tool_calls"."""
     created = int(time.time())
     ended = False
+    parsers = [ToolCallParser() if tools else None for _ in gen.samples]
+    called = [0] * len(gen.samples)
+
+    def chat_deltas(index: int, parts: list[Any]) -> list[bytes]:
+        out = []
+        for part in parts:
+            if isinstance(part, ToolCall):
+                out.append(event(chat_chunk(rid, name, created, index, {
+                    "tool_calls": [part.as_openai(called[index])]})))
+                called[index] += 1
+            else:
+                out.append(event(chat_chunk(rid, name, created, index, {"content": part})))
+        return out
+
     try:
         for i in range(len(gen.samples)):
             yield event(chat_chunk(rid, name, created, i, {"role": "assistant", "content": ""})
                         if chat else text_chunk(rid, name, created, i, echo))
         async for d in gen.deltas():
-            if d.text:
-                yield event(chat_chunk(rid, name, created, d.index, {"content": d.text})
-                            if chat else text_chunk(rid, name, created, d.index, d.text))
+            parser = parsers[d.index]
+            if d.text and chat:
+                for chunk in chat_deltas(d.index, parser.feed(d.text) if parser else [d.text]):
+                    yield chunk
+            elif d.text:
+                yield event(text_chunk(rid, name, created, d.index, d.text))
+            if d.done and parser is not None:
+                for chunk in chat_deltas(d.index, parser.finish()):
+                    yield chunk
             if d.done:
                 try:
                     c = gen.handles[d.index].result(0)
                 except Exception as exc:  # noqa: BLE001 - this sample's failure, as an object
                     yield event(from_model_error(exc).body())
                     continue
-                yield event(chat_chunk(rid, name, created, d.index, {}, c.finish_reason)
+                reason = "tool_calls" if called[d.index] and c.finish_reason == "stop" else \
+                    c.finish_reason
+                yield event(chat_chunk(rid, name, created, d.index, {}, reason)
                             if chat else text_chunk(rid, name, created, d.index, "",
                                                     c.finish_reason))
         ended = True

@@ -21,10 +21,11 @@ GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice"
 API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
 
-def sampling_params(body: SamplingFields, settings: ServerSettings,
-                    context_tokens: int) -> SamplingParams:
+def sampling_params(body: SamplingFields, settings: ServerSettings, context_tokens: int,
+                    tool_grammar: str | None = None) -> SamplingParams:
     """The settings of one sample of ``body`` (``n`` is the caller's: each sample is its own
-    request). ``context_tokens``: the model's longest request (the default ``max_tokens``)."""
+    request). ``context_tokens``: the model's longest request (the default ``max_tokens``);
+    ``tool_grammar``: the grammar a ``tool_choice`` forces (400 with another constraint)."""
     fields: dict[str, Any] = {}
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
@@ -64,6 +65,13 @@ def sampling_params(body: SamplingFields, settings: ServerSettings,
             raise ApiError(400, "logit_bias keys must be token ids", param="logit_bias") from None
     _logprobs(body, fields)
     _response_format(body, fields)
+    if tool_grammar is not None:
+        given = [k for k in ("json_schema", "json_object", "regex", "grammar", "choice")
+                 if k in fields]
+        if given:
+            raise ApiError(400, f"tool_choice forces tool calls and cannot be combined with "
+                           f"{given[0]}", param="tool_choice")
+        fields["grammar"] = tool_grammar
     try:
         return SamplingParams(**fields)
     except ConstraintError as exc:

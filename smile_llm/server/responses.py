@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from ..serving.completion import Completion
+from .tool_calls import split_reply
 
 
 def usage(prompt_tokens: int, completions: list[Completion]) -> dict[str, Any]:
@@ -53,12 +54,23 @@ def completion_logprobs(decode: Any, c: Completion) -> dict[str, Any] | None:
 
 
 def chat_response(rid: str, model: str, decode: Any, prompt_tokens: int,
-                  completions: list[Completion]) -> dict[str, Any]:
+                  completions: list[Completion], tools: bool = False) -> dict[str, Any]:
+    """A chat completion; with ``tools`` each reply is split into content and ``tool_calls``
+    (finish reason "tool_calls" when it made any)."""
+    choices = []
+    for i, c in enumerate(completions):
+        message: dict[str, Any] = {"role": "assistant", "content": c.text}
+        reason = c.finish_reason
+        if tools:
+            content, calls = split_reply(c.text)
+            message["content"] = content
+            if calls:
+                message["tool_calls"] = [call.as_openai() for call in calls]
+                reason = "tool_calls" if reason == "stop" else reason
+        choices.append({"index": i, "message": message, "logprobs": chat_logprobs(decode, c),
+                        "finish_reason": reason})
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": c.text},
-                         "logprobs": chat_logprobs(decode, c), "finish_reason": c.finish_reason}
-                        for i, c in enumerate(completions)],
-            "usage": usage(prompt_tokens, completions)}
+            "choices": choices, "usage": usage(prompt_tokens, completions)}
 
 
 def text_response(rid: str, model: str, decode: Any, prompt_tokens: int,

@@ -21,7 +21,10 @@ from smile_llm import LanguageModel  # noqa: E402
 from smile_llm.models.shipped import DEFAULT_MODEL_DIRS  # noqa: E402
 from smile_llm.server import ServerSettings, create_app  # noqa: E402
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+CHATML = ("{% if tools %}<|im_start|>system\nYou may call these functions:\n<tools>\n"
+          "{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\nFor each call write <tool_call>\n"
+          '{"name": NAME, "arguments": ARGS}\n</tool_call><|im_end|>\n{% endif %}'
+          "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 KEY = "sk-test-0123456789"
 
