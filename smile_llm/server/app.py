@@ -152,6 +152,7 @@ def create_app(model: Any, settings: ServerSettings | None = None) -> FastAPI:
         return await generate(state, request, body, lambda: _prompt_ids(model, body.prompt, None),
                               chat=False)
 
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
 
@@ -166,10 +167,30 @@ class DetokenizeBody(BaseModel):
     tokens: list[int]
 
 
+REF = "#/components/schemas/{model}"
+
+
 def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The OpenAPI request body of a route that reads its body itself."""
-    return {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": model.model_json_schema()}}}}
+    """The OpenAPI request body of a route that reads its body itself (its nested models are
+    referenced under ``components/schemas``: ``_openapi`` adds them)."""
+    schema = model.model_json_schema(ref_template=REF)
+    schema.pop("$defs", None)
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's OpenAPI document with the nested models of the bodies the routes read
+    themselves."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        doc = get_openapi(title=app.title, version=app.version, description=app.description,
+                          routes=app.routes)
+        components = doc.setdefault("components", {}).setdefault("schemas", {})
+        for model in (ChatCompletionRequest, CompletionRequest, TokenizeBody, DetokenizeBody):
+            components.update(model.model_json_schema(ref_template=REF).get("$defs", {}))
+        app.openapi_schema = doc
+    return app.openapi_schema
 
 
 def authorize(state: ServerState, request: Request) -> None:
