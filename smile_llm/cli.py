@@ -368,6 +368,8 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-dtype", default=None, help="the KV cache's dtype (e.g. fp8_e4m3)")
     p.add_argument("--max-batch-size", type=_positive_int, default=8)
     p.add_argument("--max-seq-len", type=_positive_int, default=None)
+    p.add_argument("--speculative-max-batch", type=_positive_int, default=None,
+                   help="steps with more rows decode plainly (default: speculate at any batch)")
     p.add_argument("--max-body-bytes", type=_positive_int, default=MAX_BODY_BYTES)
     p.add_argument("--max-tokens", type=_positive_int, default=None,
                    help="the most tokens a request may ask for (default: the context)")
@@ -400,7 +402,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         options = dict(drafter=None if args.drafter == "none" else args.drafter,
                        kv_dtype=args.kv_dtype, max_batch_size=args.max_batch_size,
-                       max_seq_len=args.max_seq_len, tensor_parallel=_tensor_parallel(args))
+                       max_seq_len=args.max_seq_len, tensor_parallel=_tensor_parallel(args),
+                       speculative_max_batch=args.speculative_max_batch)
         if args.model is None:
             return LanguageModel.default(kind=args.kind, **options)
         return LanguageModel.from_pretrained(args.model, **options)
