@@ -47,8 +47,8 @@ public final class SamplingExample {
             System.out.println("token " + i + ": " + c.tokens()[i] + ", top 3 " + c.topLogprobs().get(i));
         }
 
-        // 5. A chat turn, when the model has a chat template (an instruct checkpoint's, with --model DIR): Smile's
-        //    Message[] form, then the bridge's list form (Smile's Messages and ChatMessages) with a template variable.
+        // 5. A chat turn on the model's chat template (the embedded models carry a ChatML one): Smile's Message[]
+        //    form, then the bridge's list form (Smile's Messages and ChatMessages) with a template variable.
         Message[] dialog = {Message.system("You answer in one line."), Message.user("What is a radix tree?")};
         try {
             System.out.println("assistant: " + lm.chat(dialog, n, 0.0, 1.0, false, 0, null).content());

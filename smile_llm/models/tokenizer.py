@@ -84,15 +84,23 @@ class HFTokenizer:
 
 
 def load_tokenizer(folder: Path, eos_token_ids: tuple[int, ...], vocab_size: int) -> Tokenizer:
-    """``tokenizer.json`` if present, else the byte tokenizer (``smile_tokenizer.json`` may set
-    its ids: a JSON object whose ``vocab_size`` is an integer above 256 and whose ``eos_token_id``
-    is an id below it). TokenizerError (a ValueError) naming the file and the field when either
-    file is malformed."""
-    if (folder / "tokenizer.json").is_file():
-        return HFTokenizer(folder / "tokenizer.json", eos_token_ids)
+    """The folder's tokenizer, the first found of:
+
+    - ``smile_tokenizer.json``: the byte tokenizer, explicitly (a JSON object whose ``vocab_size``
+      is an integer above 256 and whose ``eos_token_id`` is an id below it). It takes precedence
+      over a ``tokenizer.json`` beside it: the shipped byte-level models carry both, the
+      ``tokenizer.json`` (the same tokenizer in Hugging Face's format) for other tools, and the
+      package uses the faster byte tokenizer, from which the grammar engine's token table is built;
+    - ``tokenizer.json``, read by the ``tokenizers`` library;
+    - else the byte tokenizer with ``vocab_size`` and the first of ``eos_token_ids``.
+
+    TokenizerError (a ValueError) naming the file and the field when the one chosen is
+    malformed."""
     spec = folder / "smile_tokenizer.json"
     if spec.is_file():
         return _byte_tokenizer(spec, vocab_size)
+    if (folder / "tokenizer.json").is_file():
+        return HFTokenizer(folder / "tokenizer.json", eos_token_ids)
     return ByteTokenizer(vocab_size, eos_token_ids[0] if eos_token_ids else 256)
 
 

@@ -102,6 +102,26 @@ def jvm(java_classes: Path) -> Iterator[Jvm]:
     model.close()
 
 
+@pytest.fixture(scope="session")
+def plain_model(jvm: Jvm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The default model without a chat template (its folder copied without ``chat_template.jinja`` and
+    ``tokenizer_config.json``), registered for Java as "plainModel"."""
+    from java_bridge.adapters import LanguageModelAdapter
+    from smile_llm import LanguageModel
+    from smile_llm.models.chat_template import CONFIG_FILE, TEMPLATE_FILE
+    from smile_llm.models.shipped import DEFAULT_MODEL_DIR
+
+    folder = tmp_path_factory.mktemp("plain_model")
+    for f in DEFAULT_MODEL_DIR.iterdir():
+        if f.name not in (TEMPLATE_FILE, CONFIG_FILE) and f.suffix in (".json", ".safetensors"):
+            shutil.copy(f, folder / f.name)
+    model = LanguageModel.from_pretrained(folder, max_seq_len=256, max_batch_size=1)
+    assert model.chat_template is None
+    jvm.bridge.register("plainModel", LanguageModelAdapter(model))
+    yield model
+    model.close()
+
+
 def _jvm_started() -> bool:
     import jpype
 

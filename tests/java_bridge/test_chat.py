@@ -158,11 +158,12 @@ def test_smile_chat_equals_python_chat(jvm: Jvm, chat_model: Any, logprobs: bool
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_chat_scenario(jvm: Jvm, chat_model: Any, name: str) -> None:
+def test_chat_scenario(jvm: Jvm, chat_model: Any, plain_model: Any, name: str) -> None:
     run(jvm, "ChatScenarios", name)
-    assert chat_model.pool.bound_request_count == 0
-    assert chat_model.server.num_waiting == 0 and chat_model.server.num_running == 0
-    chat_model.pool.check_invariants()
+    for model in (chat_model, plain_model, jvm.model):
+        assert model.pool.bound_request_count == 0
+        assert model.server.num_waiting == 0 and model.server.num_running == 0
+        model.pool.check_invariants()
 
 
 def test_scenario_names_match_java(jvm: Jvm) -> None:

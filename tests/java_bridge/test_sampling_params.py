@@ -288,11 +288,16 @@ def test_every_language_model_method_is_implemented_in_python(jvm: Jvm) -> None:
 
 def test_the_sampling_example_runs(jvm: Jvm, capfd: pytest.CaptureFixture[str]) -> None:
     """``java_bridge/examples/SamplingExample.java`` (compiled with the drivers) on the registered default model,
-    which has no chat template."""
+    whose ChatML chat template answers the chat step."""
     jvm.cls("SamplingExample").main(jvm.jpype.JArray(jvm.jpype.JString)(["16"]))
     jvm.cls("java.lang.System").out.flush()
     printed = capfd.readouterr().out
-    for line in ("greedy:", "penalised:", "streamed:", "sample 3:", "token 2:", "chat: skipped",
+    chat = [{"role": "system", "content": "You answer in one line."},
+            {"role": "user", "content": "What is a radix tree?"},
+            {"role": "assistant", "content": "A prefix tree."}, {"role": "user", "content": "And a trie?"}]
+    prompt = f"chat prompt: {len(jvm.model.encode_chat(chat))} tokens"
+    for line in ("greedy:", "penalised:", "streamed:", "sample 3:", "token 2:", "assistant: ", prompt,
                  "refused: topK (top_k) must be >= 0", "pool: 0 bound"):
         assert line in printed, printed
+    assert "chat: skipped" not in printed, printed
     assert_nothing_queued(jvm)

@@ -147,13 +147,33 @@ def test_smile_generate_cancelled_on_the_bridge(jvm: Jvm, polls: int) -> None:
     jvm.model.pool.check_invariants()
 
 
-def test_smile_chat_without_a_template_is_illegal_argument(jvm: Jvm) -> None:
-    """The embedded model has no chat template: Smile's chat names the files looked for."""
+def test_smile_chat_without_a_template_is_illegal_argument(jvm: Jvm, plain_model: Any) -> None:
+    """A model without a chat template (the embedded one's folder without its template files):
+    Smile's chat names the files looked for."""
     message = jvm.cls("smile.llm.Message")
     dialog = jvm.jpype.JArray(message)([message.user("hi")])
+    plain = jvm.bridge.get("plainModel", jvm.cls("smile.llm.python.PythonLanguageModel"))
     with pytest.raises(jvm.jpype.JClass("java.lang.IllegalArgumentException"),
-                       match="no chat template"):
-        client(jvm).chat(jvm.bridge.languageModel(), 4, dialog)
+                       match="no chat template: looked for chat_template.jinja and 'chat_template' in "
+                             "tokenizer_config.json"):
+        client(jvm).chat(plain, 4, dialog)
+    assert plain_model.pool.bound_request_count == 0
+
+
+def test_smile_chat_on_the_embedded_model_renders_its_chatml_template(jvm: Jvm) -> None:
+    """The embedded model carries a ChatML template: Smile's chat (checked in Java to equal generate
+    on encodeChat) answers Python's chat on the same dialog, token for token."""
+    message = jvm.cls("smile.llm.Message")
+    dialog = jvm.jpype.JArray(message)([message.system("be brief"), message.user("hi")])
+    c = java_call(jvm, client(jvm).chat, jvm.bridge.languageModel(), NEW_TOKENS, dialog)
+    py = jvm.model.chat([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                        NEW_TOKENS)
+    prompt = [int(t) for t in c.promptTokens()]
+    assert bytes(prompt) == (b"<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                             b"<|im_start|>assistant\n")
+    assert prompt == py.prompt_tokens and [int(t) for t in c.completionTokens()] == py.tokens
+    assert str(c.content()) == py.text
+    assert jvm.model.pool.bound_request_count == 0
 
 
 @pytest.mark.timeout(180, method="thread")

@@ -24,13 +24,26 @@ import smile.llm.python.TemplateMessage;
  * rendered by the model's template through {@code encodeChat} and answered by {@code chat}, and Smile's
  * {@code Message[]} forms. The pytest side compares the ids and completions with Python's
  * {@code encode_chat} and {@code chat} on the same conversation ({@link #conversation()}, {@link #templateVars}).
- * The chat model is registered as "chatModel" (the default model with a chat template written by the test).
+ * The chat model is registered as "chatModel" (the default model with a chat template written by the test), and
+ * "plainModel" is the default model without a chat template (a copy of its folder without the template files).
  */
 public final class ChatScenarios {
     private ChatScenarios() {}
 
     static PythonLanguageModel chatModel() {
         return Bridge.get("chatModel", PythonLanguageModel.class);
+    }
+
+    static PythonLanguageModel plainModel() {
+        return Bridge.get("plainModel", PythonLanguageModel.class);
+    }
+
+    /** The byte-level model's token ids of {@code text}: its UTF-8 bytes. */
+    static int[] bytes(String text) {
+        byte[] b = text.getBytes(java.nio.charset.StandardCharsets.UTF_8);
+        int[] ids = new int[b.length];
+        for (int i = 0; i < b.length; i++) ids[i] = b[i] & 0xff;
+        return ids;
     }
 
     /** A map in the given key order (a template's {@code tojson} keeps it); values may be null. */
@@ -208,13 +221,14 @@ public final class ChatScenarios {
         expect(IllegalArgumentException.class, "topK (top_k)", () -> lm.chat(List.of(Message.user("a")), bad));
         expect(IllegalArgumentException.class, "generateSamples",
                 () -> lm.chat(List.of(Message.user("a")), SamplingParams.builder().n(2).build()));
-        expect(IllegalArgumentException.class, "no chat template",
-                () -> Bridge.languageModel().encodeChat(List.of(Message.user("a"))));
-        expect(IllegalArgumentException.class, "no chat template",
-                () -> Bridge.languageModel().encodeChat(Message.user("a")));
-        expect(IllegalArgumentException.class, "no chat template",
-                () -> Bridge.languageModel().chat(new Message[] {Message.user("a")}, 4, 0.0, 1.0, false, 0, null));
+        String looked = "no chat template: looked for chat_template.jinja and 'chat_template' in tokenizer_config.json";
+        expect(IllegalArgumentException.class, looked,
+                () -> plainModel().encodeChat(List.of(Message.user("a"))));
+        expect(IllegalArgumentException.class, looked, () -> plainModel().encodeChat(Message.user("a")));
+        expect(IllegalArgumentException.class, looked,
+                () -> plainModel().chat(new Message[] {Message.user("a")}, 4, 0.0, 1.0, false, 0, null));
         eq(0, lm.kvCachePool().boundRequestCount(), "nothing bound after refused chats");
+        eq(0, plainModel().kvCachePool().boundRequestCount(), "nothing bound after chats without a template");
         log.add("ok");
     }
 
@@ -223,6 +237,23 @@ public final class ChatScenarios {
         @Override public String templateRole() { return "user"; }
         @Override public String content() { return "x"; }
         @Override public Map<String, Object> templateFields() { return Map.of("role", "system"); }
+    }
+
+    /** The shipped default model carries a ChatML template: Smile's chat works on it out of the box. */
+    @Scenario
+    public static void theDefaultModelChatsInChatML(List<String> log) {
+        PythonLanguageModel lm = Bridge.languageModel();
+        Message[] d = {Message.system("be brief"), Message.user("über")};
+        int[] prompt = lm.encodeChat(d);
+        eq(bytes("<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nüber<|im_end|>\n"
+                + "<|im_start|>assistant\n"), prompt, "the ChatML prompt, byte for byte");
+        eq(prompt, lm.encodeChat(Arrays.asList(d)), "the list form agrees");
+        ChatCompletion c = lm.chat(d, 6, 0.0, 1.0, false, 0L, null);
+        eq(prompt, c.promptTokens(), "the prompt is encodeChat's");
+        eq(lm.generate(prompt, 6, 0.0, 1.0, false, 0L, null).completionTokens(), c.completionTokens(),
+                "chat is generate on encodeChat");
+        eq(0, lm.kvCachePool().boundRequestCount(), "nothing bound after chat");
+        log.add("ok");
     }
 
     @Scenario
