@@ -50,6 +50,7 @@ class SamplingFields(BaseModel):
     min_p: float | None = None
     repetition_penalty: float | None = None
     min_tokens: int | None = None
+    ignore_eos: bool = False
     speculative_tokens: int | Literal["auto"] | None = None
     draft_tree: list[int] | None = None
     draft_sampling: Literal["greedy", "sample"] | None = None

@@ -52,6 +52,8 @@ def sampling_params(body: SamplingFields, settings: ServerSettings, context_toke
     for name, target in GUIDED.items():
         if extra.get(name) is not None:
             fields[target] = extra[name]
+    if body.ignore_eos:  # vLLM's: EOS masked until the limit (an explicit stop still ends it)
+        fields["min_new_tokens"] = fields["max_new_tokens"]
     if body.draft_tree is not None:
         fields["draft_tree"] = tuple(body.draft_tree)
     if body.stop is not None:

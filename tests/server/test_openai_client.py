@@ -113,3 +113,10 @@ def test_logprobs(live: LiveServer, chat_model: LanguageModel) -> None:
     expected = chat_model.generate(chat_model.encode_chat(MESSAGES), 5, logprobs=3)
     assert [e.logprob for e in content] == pytest.approx(expected.logprobs, abs=1e-6)
     assert all(len(e.top_logprobs) == 3 for e in content)
+
+
+def test_ignore_eos_runs_to_max_tokens(live: LiveServer, chat_model: LanguageModel) -> None:
+    out = client(live).completions.create(model="smile-test", prompt="x", max_tokens=40, temperature=0,
+                                          extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 40 and out.choices[0].finish_reason == "length"
+    assert out.choices[0].text == chat_model.generate("x", 40, min_new_tokens=40).text
