@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .prefix_hash import seed_hash, chain
 from .tokens import EMPTY, as_int_array
 
 _node_ids = itertools.count()
@@ -463,6 +464,27 @@ class RadixCache:
                 out.append(n)
                 stack.extend(n.children.values())
         return iter(out)
+
+    def page_prefix_hashes(self) -> frozenset[int]:
+        """The ``prefix_hash.page_hashes`` of every page-aligned prefix the tree holds now (live
+        nodes only): a replica's summary of what it has cached, as fresh as the tree."""
+        out: set[int] = set()
+        ps = self.page_size
+        with self._lock:
+            stack = [(child, seed_hash(child.extra_key), EMPTY)
+                     for child in self.root.children.values()]
+            while stack:
+                node, h, carry = stack.pop()
+                if node.evicted:
+                    continue
+                tokens = np.concatenate([carry, node.key]) if len(carry) else node.key
+                whole = len(tokens) // ps
+                for k in range(whole):
+                    h = chain(h, tokens[k * ps : (k + 1) * ps])
+                    out.add(int.from_bytes(h, "little"))
+                rest = tokens[whole * ps :]  # (the tree holds whole pages: empty in practice)
+                stack.extend((child, h, rest) for child in node.children.values())
+        return frozenset(out)
 
     def pretty(self) -> str:
         """A readable dump: one line per node, indented by depth."""
