@@ -20,6 +20,8 @@ class ServerMetrics:
 
     def __init__(self, state: Any) -> None:
         self.registry = CollectorRegistry()
+        # the counters' totals, for the rates (a Counter keeps its value to itself)
+        self.totals = {"prompt": 0.0, "cached": 0.0, "proposed": 0.0, "accepted": 0.0}
         r = self.registry
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Time to first token",
                               buckets=LATENCY_BUCKETS, registry=r)
@@ -38,6 +40,12 @@ class ServerMetrics:
                                 registry=r)
         self.accepted = Counter(f"{PREFIX}_spec_decode_accepted_tokens", "Drafts accepted",
                                 registry=r)
+        Gauge(f"{PREFIX}_prefix_cache_hit_rate", "Prompt tokens found in the prefix cache over "
+              "prompt tokens, since the start", registry=r).set_function(
+            lambda: _ratio(self.totals["cached"], self.totals["prompt"]))
+        Gauge(f"{PREFIX}_spec_decode_acceptance_rate", "Drafts accepted over drafts proposed, "
+              "since the start", registry=r).set_function(
+            lambda: _ratio(self.totals["accepted"], self.totals["proposed"]))
         running = Gauge(f"{PREFIX}_num_requests_running", "Requests bound in the pool",
                         registry=r)
         running.set_function(lambda: _of(state, lambda m: m.server.num_running))
@@ -56,6 +64,9 @@ class ServerMetrics:
         self.generated_tokens.inc(stats.get("generated_tokens", 0))
         self.proposed.inc(stats.get("proposed_drafts", 0))
         self.accepted.inc(stats.get("accepted_drafts", 0))
+        for key, stat in (("prompt", "prompt_tokens"), ("cached", "cached_tokens"),
+                          ("proposed", "proposed_drafts"), ("accepted", "accepted_drafts")):
+            self.totals[key] += float(stats.get(stat, 0))
 
 
 def _pages(model: Any) -> int:
@@ -65,3 +76,7 @@ def _pages(model: Any) -> int:
 def _of(state: Any, read: Any) -> float:
     model = state.model
     return 0.0 if model is None else float(read(model))
+
+
+def _ratio(part: float, whole: float) -> float:
+    return 0.0 if whole == 0 else part / whole

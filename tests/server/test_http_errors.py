@@ -153,7 +153,8 @@ def test_health_models_tokenize_detokenize_metrics(live: LiveServer, chat_model:
                  "smile_llm_e2e_request_latency_seconds_count", "smile_llm_num_requests_running",
                  "smile_llm_num_requests_waiting", "smile_llm_kv_cache_pages_used", "smile_llm_prompt_tokens_total",
                  "smile_llm_cached_prompt_tokens_total", "smile_llm_generation_tokens_total",
-                 "smile_llm_spec_decode_accepted_tokens_total"):
+                 "smile_llm_spec_decode_accepted_tokens_total", "smile_llm_prefix_cache_hit_rate",
+                 "smile_llm_spec_decode_acceptance_rate"):
         assert name in text, name
     generated = [line for line in text.splitlines() if line.startswith("smile_llm_generation_tokens_total")]
     assert float(generated[0].split()[-1]) > 0
