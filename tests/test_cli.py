@@ -170,10 +170,18 @@ def read_chars(stream, n: int, timeout: float = 120) -> str:
     return "".join(got)
 
 
+def _interactive() -> None:
+    """In the child before it runs: SIGINT as a terminal's process gets it (default disposition, not blocked),
+    whatever this test process inherited or set (a child inherits an ignored or blocked SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def start(*args: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK")}
     return subprocess.Popen([sys.executable, "-u", "-m", "smile_llm", *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=0, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=0, env=env,
+                            preexec_fn=_interactive)
 
 
 def test_ctrl_c_in_generate_exits_130_quietly() -> None:
