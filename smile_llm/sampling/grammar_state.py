@@ -34,6 +34,9 @@ class GrammarState:
         self.eos = frozenset(eos_token_ids)
         self.consumed = 0  # tokens advanced over
         self._mask: np.ndarray | None = None  # the mask of the current state
+        # the last ``forced`` chain and the masks after each of its prefixes (valid until advance):
+        # the verify window that appends the chain reads them instead of computing them again
+        self._chain: tuple[list[int], list[np.ndarray]] = ([], [])
 
     @property
     def terminated(self) -> bool:
@@ -73,7 +76,11 @@ class GrammarState:
         out = np.full((len(paths), self.words), -1, dtype=np.int32)
         stack: list[int] = []  # tokens consumed beyond the current state
         try:
+            chain, chain_masks = self._chain
             for i, path in enumerate(paths):
+                if len(path) < len(chain_masks) and list(path) == chain[: len(path)]:
+                    out[i] = chain_masks[len(path)]  # computed by ``forced``
+                    continue
                 common = 0
                 while common < min(len(stack), len(path)) and stack[common] == path[common]:
                     common += 1
@@ -110,9 +117,11 @@ class GrammarState:
 
     def forced(self, limit: int) -> list[int]:
         """Up to ``limit`` tokens, each the only one the grammar allows after those before it (never
-        an EOS id); the state is unchanged afterwards."""
+        an EOS id, and none after the grammar ended); the state is unchanged afterwards, and the
+        masks computed on the way serve ``masks`` until the next ``advance``."""
         out: list[int] = []
         mask = self.mask()
+        masks = [mask]  # masks[j]: after out[:j]
         try:
             while len(out) < limit:
                 token = only_token(mask)
@@ -120,18 +129,23 @@ class GrammarState:
                     break
                 self._consume([token])
                 out.append(token)
-                if len(out) < limit:
+                if len(out) < limit and not self.matcher.is_stopped():
                     mask = np.empty(self.words, dtype=np.int32)
                     self._compute(mask)
+                    masks.append(mask)
+                else:
+                    break
         finally:
             if out:
                 self.matcher.rollback(len(out))
+        self._chain = (out, masks)
         return out
 
     def advance(self, token: int) -> None:
         """Move past ``token`` (accepted by the request). GrammarError when the grammar refuses
         it."""
         self._mask = None
+        self._chain = ([], [])
         if not self.matcher.consume_token(token):
             self._check()
             raise GrammarError(f"the grammar refused token {token}")

@@ -6,6 +6,7 @@ then the process exits 0."""
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 from collections.abc import Callable
@@ -42,7 +43,8 @@ def serve(load: Callable[[], Any], settings: ServerSettings, host: str = "127.0.
     app = create_app(None, settings)
     state: ServerState = app.state.smile
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=int(settings.drain_timeout_s) or None)
+                            # bounded: 0 drains nothing (None would wait for ever)
+                            timeout_graceful_shutdown=math.ceil(max(settings.drain_timeout_s, 0.0)))
     server = _DrainingServer(config, state)
     model: Any = None
 

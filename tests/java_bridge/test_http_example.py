@@ -25,9 +25,8 @@ if JAVAC is None:
     pytest.skip("no javac on PATH: the HTTP example needs a JDK 17 or newer", allow_module_level=True)
 
 from smile_llm import LanguageModel  # noqa: E402
-from smile_llm.models.shipped import DEFAULT_MODEL_DIRS  # noqa: E402
 from smile_llm.server import ServerSettings, create_app  # noqa: E402
-from tests.server.conftest import CHATML, KEY, LiveServer, free_port, wait_unbound  # noqa: E402
+from tests.server.conftest import KEY, LiveServer, chat_model, free_port, wait_unbound  # noqa: E402,F401
 
 SOURCE = Path(__file__).resolve().parents[2] / "java_bridge" / "examples" / "http" / "ChatOverHttp.java"
 JAVA = str(Path(JAVAC).resolve().parent / "java")  # the java of the same JDK
@@ -46,13 +45,9 @@ def classes(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanguageModel]:
-    folder = tmp_path_factory.mktemp("chatml") / "model"
-    shutil.copytree(DEFAULT_MODEL_DIRS["dense"], folder)
-    (folder / "chat_template.jinja").write_text(CHATML)
-    lm = LanguageModel.from_pretrained(folder, max_batch_size=4, max_seq_len=1024)
-    yield lm
-    lm.close()
+def model(chat_model: LanguageModel) -> LanguageModel:  # noqa: F811 - the fixture
+    """The shipped model (its ChatML template), shared with the HTTP server tests."""
+    return chat_model
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,13 @@
-"""A live server for the HTTP tests: the shipped byte-level model (copied with a ChatML chat template) behind
+"""A live server for the HTTP tests: the shipped byte-level model (with its ChatML chat template) behind
 ``create_app`` on uvicorn, on a free loopback port, in a thread of the test process (so tests can read the model's
 pool directly); one with an API key."""
 
 from __future__ import annotations
 
-import shutil
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,14 +16,8 @@ pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 
 from smile_llm import LanguageModel  # noqa: E402
-from smile_llm.models.shipped import DEFAULT_MODEL_DIRS  # noqa: E402
 from smile_llm.server import ServerSettings, create_app  # noqa: E402
 
-CHATML = ("{% if tools %}<|im_start|>system\nYou may call these functions:\n<tools>\n"
-          "{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\nFor each call write <tool_call>\n"
-          '{"name": NAME, "arguments": ARGS}\n</tool_call><|im_end|>\n{% endif %}'
-          "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 KEY = "sk-test-0123456789"
 
 
@@ -56,11 +48,8 @@ class LiveServer:
 
 
 @pytest.fixture(scope="session")
-def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LanguageModel]:
-    folder = tmp_path_factory.mktemp("chatml") / "model"
-    shutil.copytree(DEFAULT_MODEL_DIRS["dense"], folder)
-    (folder / "chat_template.jinja").write_text(CHATML)
-    model = LanguageModel.from_pretrained(folder, max_batch_size=8, max_seq_len=1024)
+def chat_model() -> Iterator[LanguageModel]:
+    model = LanguageModel.default(max_batch_size=8, max_seq_len=2048)
     yield model
     model.close()
 

@@ -75,7 +75,7 @@ def test_unknown_model_is_404(live: LiveServer) -> None:
 
 def test_huge_body_and_prompt_are_413(live: LiveServer, chat_model: LanguageModel) -> None:
     error_of(post(live, CHAT, b'{"messages": "' + b"x" * (5 << 20) + b'"}'), 413)
-    err = error_of(post(live, "/v1/completions", {"prompt": "word " * 400, "max_tokens": 2}), 413)
+    err = error_of(post(live, "/v1/completions", {"prompt": "word " * 500, "max_tokens": 2}), 413)
     assert err["param"] == "prompt" and "context" in err["message"]
     wait_unbound(chat_model)
 

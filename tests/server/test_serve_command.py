@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import CHATML, free_port
+from .conftest import free_port
 
 pytest.importorskip("uvicorn")
 

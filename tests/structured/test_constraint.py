@@ -172,3 +172,21 @@ def test_a_constraint_the_vocabulary_cannot_begin_is_refused() -> None:
         small.compile(C.constraint_of(regex="[a-z]+"))  # type: ignore[arg-type]
     state = small.compile(C.constraint_of(regex="[0-9A-F]{2}")).start()  # type: ignore[arg-type]
     assert allowed(state.mask()) == list(range(48, 58)) + list(range(65, 71))
+
+
+def test_a_forced_chain_masks_are_computed_once() -> None:
+    """The verify window that appends forced tokens reads the masks ``forced`` computed, equal to fresh ones."""
+    grammar = compiler().compile(C.constraint_of(json_schema={  # type: ignore[arg-type]
+        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+        "additionalProperties": False}))
+    state = grammar.start()
+    chain = state.forced(100)
+    assert bytes(chain) == b'{"name": "'
+    paths = [chain[:j] for j in range(len(chain) + 1)]
+    fresh = grammar.start().masks(paths)
+    computed = []
+    real = state._compute
+    state._compute = lambda out: (computed.append(1), real(out))  # type: ignore[method-assign]
+    assert np.array_equal(state.masks(paths), fresh) and computed == []
+    state.advance(chain[0])  # a new state: the chain no longer applies
+    assert np.array_equal(state.masks([[]]), fresh[1:2]) and computed == [1]

@@ -205,8 +205,9 @@ public final class ChatOverHttp {
         return b.append('}').toString();
     }
 
-    /** A JSON string: quote, backslash and control characters escaped, and everything past ASCII as \\uXXXX (UTF-16
-     * code units, so a surrogate pair becomes two escapes, which JSON readers join), so the body is plain ASCII. */
+    /** A JSON string: quote, backslash and control characters escaped, and every character past ASCII as a
+     * {@code \\u} escape of its four hex digits (UTF-16 code units, so a surrogate pair becomes two escapes, which
+     * JSON readers join), so the body is plain ASCII. */
     static String quote(String s) {
         StringBuilder b = new StringBuilder(s.length() + 2).append('"');
         for (int i = 0; i < s.length(); i++) {
