@@ -59,7 +59,14 @@ def test_sigterm_drains_eight_streams_and_exits_zero(tmp_path: Path) -> None:
         threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
-        time.sleep(1.0)  # the streams are running
+        # SIGTERM once a stream is running (bounded): a stream refused before would test nothing
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            metrics = httpx.get(url + "/metrics", timeout=5).text
+            running = [line for line in metrics.splitlines() if line.startswith("smile_llm_num_requests_running ")]
+            if running and float(running[0].split()[-1]) >= 1:
+                break
+            time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(120)
