@@ -13,7 +13,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[test,dev,hf,bench,java]"
+	$(PY) -m pip install --quiet -e ".[test,dev,hf,bench,java,ray]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -378,6 +378,16 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds a SIGTERM waits for in-flight requests")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--replicas", type=_positive_int, default=None,
+                   help="serve N copies of the model on a local Ray instance (needs the ray extra; "
+                        "docs/scale_out.md)")
+    p.add_argument("--router", default="cache", choices=["cache", "pow2", "prefix"],
+                   help="with --replicas: route by cached prefix (cache), Ray Serve's default "
+                        "(pow2) or its PrefixCacheAffinityRouter (prefix)")
+    p.add_argument("--replica-cpus", type=float, default=1.0,
+                   help="with --replicas: CPUs per replica (per tensor-parallel rank)")
+    p.add_argument("--replica-gpus", type=float, default=0.0,
+                   help="with --replicas: GPUs per replica (per tensor-parallel rank)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -385,6 +395,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     of a tensor-parallel model follows rank 0). Returns 0 after a clean drain."""
     from . import env
     from .server import ServerSettings, serve
+    from .server.model_options import ModelOptions
 
     key = args.api_key
     if key is None and args.api_key_file is not None:
@@ -394,21 +405,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise CommandError(f"--api-key-file: {exc.strerror}: {args.api_key_file}") from None
     settings = ServerSettings(args.served_model_name, key or env.api_key(), args.max_body_bytes,
                               args.max_tokens, args.max_n, args.max_queued, args.drain_timeout)
+    if args.model is not None:
+        problem = model_folder_problem(args.model)
+        if problem is not None:
+            raise CommandError(problem)
+    options = ModelOptions(args.model, args.kind, None if args.drafter == "none" else args.drafter,
+                           args.kv_dtype, args.max_batch_size, args.max_seq_len,
+                           args.speculative_max_batch, _tensor_parallel(args))
+    if args.replicas is not None:
+        return _serve_replicas(args, options, settings)
     if env.distributed_launch() and env.local_rank() > 0:
         return _with_model(args, lambda lm: 0)
+    return serve(options.load, settings, args.host, args.port, args.log_level)
 
-    def load() -> Any:
-        from .language_model import LanguageModel
 
-        options = dict(drafter=None if args.drafter == "none" else args.drafter,
-                       kv_dtype=args.kv_dtype, max_batch_size=args.max_batch_size,
-                       max_seq_len=args.max_seq_len, tensor_parallel=_tensor_parallel(args),
-                       speculative_max_batch=args.speculative_max_batch)
-        if args.model is None:
-            return LanguageModel.default(kind=args.kind, **options)
-        return LanguageModel.from_pretrained(args.model, **options)
+def _serve_replicas(args: argparse.Namespace, options: Any, settings: Any) -> int:
+    """``serve --replicas N``: the Ray Serve application on a local Ray instance."""
+    from dataclasses import replace
 
-    return serve(load, settings, args.host, args.port, args.log_level)
+    from .server.ray_app import application, serve_replicas
+
+    try:
+        app = application(replace(options, tensor_parallel=args.tensor_parallel or 1,
+                                   threads=max(1, int(args.replica_cpus))),
+                          settings, args.replicas, args.router, args.replica_cpus,
+                          args.replica_gpus)
+    except (ImportError, ValueError) as exc:
+        raise CommandError(str(exc)) from None
+    return serve_replicas(app, args.host, args.port)
 
 
 def build_parser() -> argparse.ArgumentParser:

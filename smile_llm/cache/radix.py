@@ -465,26 +465,46 @@ class RadixCache:
                 stack.extend(n.children.values())
         return iter(out)
 
-    def page_prefix_hashes(self) -> frozenset[int]:
+    def page_prefix_hashes(self, under: Iterable[int] | None = None, extra_key: Hashable = None,
+                           limit: int | None = None) -> frozenset[int]:
         """The ``prefix_hash.page_hashes`` of every page-aligned prefix the tree holds now (live
-        nodes only): a replica's summary of what it has cached, as fresh as the tree."""
-        out: set[int] = set()
+        nodes only): a replica's summary of what it has cached, as fresh as the tree. With
+        ``under`` (tokens in namespace ``extra_key``): only the prefixes on the path the tree
+        matches of ``under`` and those that extend it (the node the match ends in and its
+        subtree), e.g. what one conversation's turn left cached. ``limit``: at most that many
+        hashes (parents before children)."""
+        out: dict[int, None] = {}  # (ordered: parents before children)
         ps = self.page_size
         with self._lock:
-            stack = [(child, seed_hash(child.extra_key), EMPTY)
-                     for child in self.root.children.values()]
-            while stack:
-                node, h, carry = stack.pop()
+            if under is None:
+                stack = [(child, seed_hash(child.extra_key), EMPTY)
+                         for child in self.root.children.values()]
+            else:
+                self._check_namespace(extra_key)
+                toks = np.asarray(list(under), dtype=np.int64)
+                path = self._walk(toks[: self._aligned(len(toks))], extra_key)
+                h = seed_hash(extra_key)
+                for seg in path[:-1]:
+                    h = self._hash_pages(seg.node.key, h, out)
+                stack = [(path[-1].node, h, EMPTY)] if path else []
+            while stack and (limit is None or len(out) < limit):
+                node, h, carry = stack.pop(0) if limit is not None else stack.pop()
                 if node.evicted:
                     continue
                 tokens = np.concatenate([carry, node.key]) if len(carry) else node.key
-                whole = len(tokens) // ps
-                for k in range(whole):
-                    h = chain(h, tokens[k * ps : (k + 1) * ps])
-                    out.add(int.from_bytes(h, "little"))
-                rest = tokens[whole * ps :]  # (the tree holds whole pages: empty in practice)
+                h = self._hash_pages(tokens, h, out)
+                rest = tokens[len(tokens) // ps * ps :]  # (the tree holds whole pages: empty)
                 stack.extend((child, h, rest) for child in node.children.values())
-        return frozenset(out)
+        return frozenset(list(out)[:limit] if limit is not None else out)
+
+    def _hash_pages(self, tokens: np.ndarray, h: bytes, out: dict[int, None]) -> bytes:
+        """Chain ``h`` over the whole pages of ``tokens``, adding each prefix's hash to ``out``;
+        the last hash."""
+        ps = self.page_size
+        for k in range(len(tokens) // ps):
+            h = chain(h, tokens[k * ps : (k + 1) * ps])
+            out[int.from_bytes(h, "little")] = None
+        return h
 
     def pretty(self) -> str:
         """A readable dump: one line per node, indented by depth."""

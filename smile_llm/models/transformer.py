@@ -10,7 +10,6 @@ the forward succeeded) and attention reads the pool through the backend with the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch

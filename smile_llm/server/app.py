@@ -72,7 +72,7 @@ def create_app(model: Any, settings: ServerSettings | None = None) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
-        state.metrics.requests.labels(str(exc.status)).inc()
+        state.metrics.answered(str(exc.status))
         return exc.response()
 
     @app.middleware("http")
@@ -104,7 +104,7 @@ def create_app(model: Any, settings: ServerSettings | None = None) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
-        authorize(state, request)
+        authorize(state.settings, request)
         model = state.loaded()
         return JSONResponse({"object": "list", "data": [{
             "id": state.settings.model_name, "object": "model", "created": state.created,
@@ -112,7 +112,7 @@ def create_app(model: Any, settings: ServerSettings | None = None) -> FastAPI:
 
     @app.post("/tokenize", openapi_extra=_body_schema(TokenizeBody))
     async def tokenize(request: Request) -> Response:
-        authorize(state, request)
+        authorize(state.settings, request)
         model = state.loaded()
         body = await read_body(request, state, TokenizeBody)
         ids = _prompt_ids(model, body.prompt, body.messages)
@@ -120,7 +120,7 @@ def create_app(model: Any, settings: ServerSettings | None = None) -> FastAPI:
 
     @app.post("/detokenize", openapi_extra=_body_schema(DetokenizeBody))
     async def detokenize(request: Request) -> Response:
-        authorize(state, request)
+        authorize(state.settings, request)
         model = state.loaded()
         body = await read_body(request, state, DetokenizeBody)
         try:
@@ -134,8 +134,7 @@ def create_app(model: Any, settings: ServerSettings | None = None) -> FastAPI:
         body = await admit(state, request, ChatCompletionRequest)
         functions = check_tools(body.tools, body.tool_choice)
         model = state.model
-        messages = [_message(m.model_dump(exclude_none=True)) for m in body.messages]
-        tools = body.tools if body.tools and body.tool_choice != "none" else None
+        messages, tools = chat_inputs(body)
 
         def prompt() -> list[int]:
             try:
@@ -193,10 +192,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def authorize(state: ServerState, request: Request) -> None:
+def authorize(settings: ServerSettings, request: Request) -> None:
     """401 unless the request presents the server's key (``Authorization: Bearer KEY``), compared
     in constant time; nothing when the server has no key."""
-    key = state.settings.api_key
+    key = settings.api_key
     if key is None:
         return
     given = request.headers.get("authorization", "")
@@ -207,10 +206,8 @@ def authorize(state: ServerState, request: Request) -> None:
                        code="invalid_api_key")
 
 
-async def read_body(request: Request, state: ServerState, kind: type[B]) -> B:
-    """The body as ``kind``: 413 over ``max_body_bytes`` (read no further), 400 for malformed
-    JSON or a field of the wrong type (naming it)."""
-    limit = state.settings.max_body_bytes
+async def read_raw_body(request: Request, limit: int) -> bytes:
+    """The body's bytes: 413 over ``limit`` bytes (read no further)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the body is {declared} bytes, over the limit of {limit}")
@@ -220,8 +217,15 @@ async def read_body(request: Request, state: ServerState, kind: type[B]) -> B:
         if size > limit:
             raise ApiError(413, f"the body is over the limit of {limit} bytes")
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_body(request: Request, state: ServerState, kind: type[B]) -> B:
+    """The body as ``kind``: 413 over ``max_body_bytes`` (read no further), 400 for malformed
+    JSON or a field of the wrong type (naming it)."""
+    raw = await read_raw_body(request, state.settings.max_body_bytes)
     try:
-        data = json.loads(b"".join(chunks))
+        data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
@@ -238,7 +242,7 @@ async def read_body(request: Request, state: ServerState, kind: type[B]) -> B:
 
 async def admit(state: ServerState, request: Request, kind: type[B]) -> B:
     """Key, body, model name, draining and queue checks of a generation request."""
-    authorize(state, request)
+    authorize(state.settings, request)
     model = state.loaded()
     if state.draining:
         raise ApiError(503, "the server is draining")
@@ -254,6 +258,13 @@ async def admit(state: ServerState, request: Request, kind: type[B]) -> B:
         raise ApiError(429, f"the queue is full ({state.settings.max_queued} requests waiting)",
                        headers={"Retry-After": str(RETRY_AFTER_S)})
     return body
+
+
+def chat_inputs(body: ChatCompletionRequest) -> tuple[list[dict[str, Any]], Any]:
+    """What the chat template renders of a chat request: its messages (text content joined) and
+    its tools (None for none or ``tool_choice`` "none")."""
+    messages = [_message(m.model_dump(exclude_none=True)) for m in body.messages]
+    return messages, body.tools if body.tools and body.tool_choice != "none" else None
 
 
 def _message(m: dict[str, Any]) -> dict[str, Any]:
@@ -306,8 +317,9 @@ async def generate(state: ServerState, request: Request, body: Any, prompt: Any,
     echo = body.prompt if not chat and body.echo and isinstance(body.prompt, str) else ""
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(stream(state, gen, rid, name, len(ids), chat, include_usage, echo,
-                                        tools), media_type="text/event-stream")
+        events = stream(state, gen, rid, name, len(ids), chat, include_usage, echo, tools)
+        return StreamingResponse(_first_with_token(events, len(gen.samples)),
+                                 media_type="text/event-stream")
     waiter = asyncio.ensure_future(gen.results())
     try:
         while not waiter.done():
@@ -327,18 +339,32 @@ async def generate(state: ServerState, request: Request, body: Any, prompt: Any,
     decode = model.decode
     payload = (chat_response(rid, name, decode, len(ids), outs, tools) if chat else
                text_response(rid, name, decode, len(ids), outs, echo))
-    state.metrics.requests.labels("200").inc()
+    state.metrics.answered("200")
     return JSONResponse(payload)
 
 
 def _book(state: ServerState, gen: Generation, outs: list[Any]) -> None:
     for i, c in enumerate(outs):
-        ttft, gaps = gen.latencies(i)
-        if ttft is not None:
-            state.metrics.ttft.observe(ttft)
-        for gap in gaps:
-            state.metrics.itl.observe(gap)
-        state.metrics.completed(c.stats, time.perf_counter() - gen.t0)
+        state.metrics.completed(c.stats, time.perf_counter() - gen.t0, *gen.latencies(i))
+
+
+async def _first_with_token(events: AsyncIterator[bytes], opening: int) -> AsyncIterator[bytes]:
+    """``events`` with its ``opening`` events (one per choice: the role, or the echo) sent together
+    with the next one, so that the first chunk a client gets carries the first token (a proxy in
+    front may retry a request on another replica until then)."""
+    held: list[bytes] = []
+    try:
+        async for chunk in events:
+            if len(held) < opening:
+                held.append(chunk)
+                continue
+            if held:
+                chunk, held = b"".join(held) + chunk, []
+            yield chunk
+        if held:
+            yield b"".join(held)
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
 
 
 async def stream(state: ServerState, gen: Generation, rid: str, name: str, prompt_tokens: int,
@@ -398,8 +424,8 @@ async def stream(state: ServerState, gen: Generation, rid: str, name: str, promp
             yield event({"id": rid, "object": obj, "created": created, "model": name,
                          "choices": [], "usage": usage(prompt_tokens, outs)})
         yield event("[DONE]")
-        state.metrics.requests.labels("200").inc()
+        state.metrics.answered("200")
     finally:
         if not ended:  # the client went away: cancel off the event loop (within one step)
             asyncio.get_running_loop().run_in_executor(None, gen.cancel)
-            state.metrics.requests.labels("499").inc()
+            state.metrics.answered("499")

@@ -6,7 +6,8 @@ and waiting requests, KV pages in use)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -19,7 +20,8 @@ class ServerMetrics:
     (0 while no model is loaded)."""
 
     def __init__(self, state: Any) -> None:
-        self.registry = CollectorRegistry()
+        self.registry, self.state = CollectorRegistry(), state
+        self.mirrors: list[MetricsMirror] = []
         # the counters' totals, for the rates (a Counter keeps its value to itself)
         self.totals = {"prompt": 0.0, "cached": 0.0, "proposed": 0.0, "accepted": 0.0}
         r = self.registry
@@ -46,18 +48,28 @@ class ServerMetrics:
         Gauge(f"{PREFIX}_spec_decode_acceptance_rate", "Drafts accepted over drafts proposed, "
               "since the start", registry=r).set_function(
             lambda: _ratio(self.totals["accepted"], self.totals["proposed"]))
-        running = Gauge(f"{PREFIX}_num_requests_running", "Requests bound in the pool",
-                        registry=r)
-        running.set_function(lambda: _of(state, lambda m: m.server.num_running))
-        waiting = Gauge(f"{PREFIX}_num_requests_waiting", "Requests queued", registry=r)
-        waiting.set_function(lambda: _of(state, lambda m: m.server.num_waiting))
-        pages = Gauge(f"{PREFIX}_kv_cache_pages_used", "KV pages in use", registry=r)
-        pages.set_function(lambda: _of(state, lambda m: _pages(m) - m.pool.free_pages))
-        Gauge(f"{PREFIX}_kv_cache_pages", "KV pages in all", registry=r).set_function(
-            lambda: _of(state, _pages))
+        helps = {"num_requests_running": "Requests bound in the pool",
+                 "num_requests_waiting": "Requests queued",
+                 "kv_cache_pages_used": "KV pages in use",
+                 "kv_cache_pages": "KV pages in all"}
+        for name, read in GAUGES.items():
+            Gauge(f"{PREFIX}_{name}", helps[name], registry=r).set_function(
+                _reader(state, read))
 
-    def completed(self, stats: dict[str, Any], seconds: float) -> None:
-        """Book one finished generation (a ``Completion``'s stats)."""
+    def answered(self, status: str) -> None:
+        """Book one answer with HTTP ``status``."""
+        self.requests.labels(status).inc()
+        for mirror in self.mirrors:
+            mirror.answered(status)
+
+    def completed(self, stats: dict[str, Any], seconds: float, ttft: float | None = None,
+                  gaps: Sequence[float] = ()) -> None:
+        """Book one finished generation: its ``Completion``'s stats, its end-to-end ``seconds``,
+        its time to first token and the gaps between its tokens."""
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        for gap in gaps:
+            self.itl.observe(gap)
         self.e2e.observe(seconds)
         self.prompt_tokens.inc(stats.get("prompt_tokens", 0))
         self.cached_tokens.inc(stats.get("cached_tokens", 0))
@@ -67,10 +79,37 @@ class ServerMetrics:
         for key, stat in (("prompt", "prompt_tokens"), ("cached", "cached_tokens"),
                           ("proposed", "proposed_drafts"), ("accepted", "accepted_drafts")):
             self.totals[key] += float(stats.get(stat, 0))
+        for mirror in self.mirrors:
+            mirror.completed(stats, seconds, ttft, gaps)
+
+    def gauges(self) -> dict[str, float]:
+        """The gauges' values now, by name (without the prefix)."""
+        return {name: _of(self.state, read) for name, read in GAUGES.items()}
+
+
+GAUGES: dict[str, Callable[[Any], float]] = {
+    "num_requests_running": lambda m: m.server.num_running,
+    "num_requests_waiting": lambda m: m.server.num_waiting,
+    "kv_cache_pages_used": lambda m: _pages(m) - m.pool.free_pages,
+    "kv_cache_pages": lambda m: _pages(m),
+}
+
+
+class MetricsMirror(Protocol):
+    """Another metrics system fed the same observations (Ray's, in a replica)."""
+
+    def answered(self, status: str) -> None: ...
+
+    def completed(self, stats: dict[str, Any], seconds: float, ttft: float | None,
+                  gaps: Sequence[float]) -> None: ...
 
 
 def _pages(model: Any) -> int:
     return int(model.pool.num_slots // model.pool.page_size)
+
+
+def _reader(state: Any, read: Callable[[Any], float]) -> Callable[[], float]:
+    return lambda: _of(state, read)
 
 
 def _of(state: Any, read: Any) -> float:

@@ -301,6 +301,11 @@ class ServingLoop:
         thread = self._thread
         return thread is not None and thread.is_alive()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the loop has shut down (its model closed or a fatal error ended it)."""
+        return self._closed
+
     def has_work(self) -> bool:
         """Whether any request is queued, running or preempted."""
         with self._cv:

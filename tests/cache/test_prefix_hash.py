@@ -63,3 +63,43 @@ def test_namespaces_and_processes() -> None:
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert other.stdout.strip() == str(page_hashes([1, 2, 3, 4, 5], 2, "a"))
     assert len(page_hashes([1, 2, 3, 4, 5], 2)) == 2 and page_hashes([1], 2) == []
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4])
+def test_the_summary_under_a_prompt_is_its_path_and_what_extends_it(page_size: int) -> None:
+    """``page_prefix_hashes(under=prompt)``: exactly the hashes of the page prefixes on the prompt's matched path and
+    of every cached sequence extending the node the match ends in; ``limit`` keeps parents before children."""
+    rng = np.random.default_rng(10 + page_size)
+    tree = RadixCache(page_size)
+    seqs: list[list[int]] = []
+    slot = 0
+    for _ in range(30):
+        n = int(rng.integers(1, 24))
+        tokens = rng.integers(0, 4, n).tolist()
+        tree.insert(tokens, list(range(slot, slot + n)))
+        seqs.append(tokens)
+        slot += n
+    everything = tree.page_prefix_hashes()
+    for _ in range(20):
+        prompt = rng.integers(0, 4, int(rng.integers(0, 12))).tolist()
+        matched = tree.match_prefix(prompt).length
+        got = tree.page_prefix_hashes(under=prompt)
+        # the brute force: page prefixes of cached sequences that agree with the prompt's matched part and extend
+        # at least to the end of the node the match ends in
+        want: set[int] = set()
+        if matched:
+            for node in tree.nodes():
+                path, n = [], node
+                while n is not None and n is not tree.root:
+                    path.append(n.key)
+                    n = n.parent
+                full = np.concatenate(path[::-1]).tolist()
+                if full[:matched] == prompt[:matched]:
+                    want.update(page_hashes(full, page_size))
+        assert got == want and got <= everything
+        assert cached_pages(page_hashes(prompt, page_size), got) * page_size == matched
+        if len(got) > 2:
+            few = tree.page_prefix_hashes(under=prompt, limit=2)
+            assert len(few) == 2 and few <= got
+            assert cached_pages(page_hashes(prompt, page_size), few) == min(2, matched // page_size)
+    assert tree.page_prefix_hashes(under=[]) == frozenset()
