@@ -388,6 +388,8 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
                    help="with --replicas: CPUs per replica (per tensor-parallel rank)")
     p.add_argument("--replica-gpus", type=float, default=0.0,
                    help="with --replicas: GPUs per replica (per tensor-parallel rank)")
+    p.add_argument("--ray-metrics-port", type=_positive_int, default=None,
+                   help="with --replicas: where Ray exports every replica's metrics (/metrics)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -432,7 +434,7 @@ def _serve_replicas(args: argparse.Namespace, options: Any, settings: Any) -> in
                           args.replica_gpus)
     except (ImportError, ValueError) as exc:
         raise CommandError(str(exc)) from None
-    return serve_replicas(app, args.host, args.port)
+    return serve_replicas(app, args.host, args.port, metrics_port=args.ray_metrics_port)
 
 
 def build_parser() -> argparse.ArgumentParser:

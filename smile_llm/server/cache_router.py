@@ -7,8 +7,10 @@ replica is known to hold (``CacheSummaries``: the replicas' complete summaries f
 stats, the partial ones that end their responses, and what was routed in the last moments).
 
 - The replica with the most matched pages wins when it holds a useful prefix (at least
-  ``min_match_ratio`` of the prompt's pages, and one page) and its queue is at most
-  ``imbalance_threshold`` requests longer than the shortest; ties go to the shorter queue.
+  ``min_match_ratio`` of the prompt's pages, and one page, more than the least-loaded replica
+  holds: a prefix every replica has, such as a chat template's opening, decides nothing) and its
+  queue is at most ``imbalance_threshold`` requests longer than the shortest; ties go to the
+  shorter queue.
 - Otherwise the least-loaded replica (the shortest queue) gets it; among equal queues the one with
   the least cached, so that new prefixes (a new tenant's system prompt) spread over the replicas.
 - The other replicas follow in order of load, for when the first is full.
@@ -33,7 +35,7 @@ from ..cache.prefix_hash import page_hashes
 from .cache_summaries import CACHE_STAT, PENDING_TTL_S, CacheSummaries, board, rank_replicas
 from .proxied import ProxiedRequest
 
-MIN_MATCH_RATIO = 0.1
+MIN_MATCH_RATIO = 0.25
 IMBALANCE_THRESHOLD = 8
 
 
@@ -60,7 +62,7 @@ class CacheAwareRouter(RequestRouter):
             summary = (replica.routing_stats or {}).get(CACHE_STAT)
             if summary is not None and summary.version > self.board.version(summary.replica):
                 self.board.publish(summary)
-        loads = await self._loads(candidate_replicas)
+        loads = self._loads(candidate_replicas)
         hashes = self._hashes(pending_request)
         matched = {r.replica_id: self.board.matched_pages(r.replica_id.to_full_id_str(), hashes)
                    for r in candidate_replicas} if hashes else {}
@@ -102,21 +104,9 @@ class CacheAwareRouter(RequestRouter):
         hashes: list[int] = request.routing["hashes"]
         return hashes
 
-    async def _loads(self, replicas: list[RunningReplica]) -> dict[ReplicaID, int]:
-        """Each replica's queue length: cached, else probed (unknown counts as full)."""
-        loads: dict[ReplicaID, int] = {}
-        missing = []
-        for r in replicas:
-            cached = (self._replica_queue_len_cache.get(r.replica_id)
-                      if self._use_replica_queue_len_cache else None)
-            if cached is None:
-                missing.append(r)
-            else:
-                loads[r.replica_id] = cached
-        if missing:
-            for r, queue_len in await self._probe_queue_lens(missing, 0):
-                if queue_len is not None:
-                    loads[r.replica_id] = queue_len
-        for r in missing:
-            loads.setdefault(r.replica_id, r.max_ongoing_requests)
-        return loads
+    def _loads(self, replicas: list[RunningReplica]) -> dict[ReplicaID, int]:
+        """Each replica's queue length as last seen (unknown: 0). Ray Serve probes the replica it
+        is about to send to, and moves to the next group when that one is full or silent."""
+        cache = self._replica_queue_len_cache if self._use_replica_queue_len_cache else None
+        return {r.replica_id: (cache.get(r.replica_id) if cache is not None else None) or 0
+                for r in replicas}

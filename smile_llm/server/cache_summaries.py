@@ -141,17 +141,20 @@ class CacheSummaries:
 def rank_replicas(replicas: Sequence[K], loads: Mapping[K, int], matched: Mapping[K, int],
                   prompt_pages: int, min_match_ratio: float, imbalance_threshold: int,
                   cached: Mapping[K, int], tie_break: Callable[[], float]) -> list[list[K]]:
-    """The routing choice, in Ray Serve's form (groups to try in order, one replica each): first the
-    replica with the most ``matched`` pages of the prompt's ``prompt_pages`` if that match is
-    useful (at least ``min_match_ratio`` of the pages, and one page) and its load is at most
-    ``imbalance_threshold`` above the least; otherwise the least loaded. The others follow by load;
-    equal loads by how much each has ``cached`` (the least first, so that new prefixes spread),
-    then by ``tie_break()``."""
+    """The routing choice, in Ray Serve's form (groups to try in order, one replica each).
+
+    The fallback is the least-loaded replica: equal loads go to the one with the least ``cached``
+    (so that new prefixes spread), then by ``tie_break()``. The replica with the most ``matched``
+    pages of the prompt's ``prompt_pages`` comes first instead when it is useful: it holds at least
+    ``min_match_ratio`` of the pages, and one page, more than the fallback holds, and its load is
+    at most ``imbalance_threshold`` above the fallback's. The others follow by load."""
     by_load = sorted(replicas, key=lambda r: (loads[r], cached.get(r, 0), tie_break()))
-    best = max(by_load, key=lambda r: matched.get(r, 0)) if matched else by_load[0]
-    useful = max(1.0, min_match_ratio * prompt_pages)
-    if matched.get(best, 0) < useful or loads[best] - loads[by_load[0]] > imbalance_threshold:
-        best = by_load[0]
+    fallback = by_load[0]
+    best = max(by_load, key=lambda r: matched.get(r, 0)) if matched else fallback
+    gain = matched.get(best, 0) - matched.get(fallback, 0)
+    if gain < max(1.0, min_match_ratio * prompt_pages) or \
+            loads[best] - loads[fallback] > imbalance_threshold:
+        best = fallback
     return [[best]] + [[r] for r in by_load if r != best]
 
 

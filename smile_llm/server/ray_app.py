@@ -134,9 +134,11 @@ def _typed(value: Any) -> Any:
 
 
 def serve_replicas(app: Any, host: str, port: int, num_cpus: int | None = None,
-                   ready: threading.Event | None = None) -> int:
-    """Start a local Ray instance (``num_cpus``: what it may schedule; default: this machine's)
-    with Serve's HTTP proxy at ``host``:``port``, run ``app`` there until SIGTERM or SIGINT, then
+                   metrics_port: int | None = None) -> int:
+    """Start a local Ray instance (``num_cpus``: what it may schedule; default: this machine's;
+    ``metrics_port``: where Ray exports the metrics of every replica, Prometheus text at
+    ``/metrics``; default: a port Ray picks) with Serve's HTTP proxy at ``host``:``port``, run
+    ``app`` there until SIGTERM or SIGINT, then
     shut Serve down (each replica finishes its in-flight requests within its graceful timeout)
     and Ray. Returns 0."""
     require_ray()
@@ -144,23 +146,21 @@ def serve_replicas(app: Any, host: str, port: int, num_cpus: int | None = None,
     from ray import serve
 
     stop = threading.Event()
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+             **({"_metrics_export_port": metrics_port} if metrics_port is not None else {}))
+    # (after ray.init, which installs its own handlers)
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
-        try:
-            serve.start(http_options={"host": host, "port": port})
-            serve.run(app, name=APP_NAME, route_prefix="/")
-            log.info("serving %s at http://%s:%d", APP_NAME, host, port)
-            if ready is not None:
-                ready.set()
-            while not stop.wait(0.5):
-                pass
-            log.info("draining")
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(app, name=APP_NAME, route_prefix="/")
+        log.info("serving %s at http://%s:%d", APP_NAME, host, port)
+        while not stop.wait(0.5):
+            pass
+        log.info("draining")
+        serve.shutdown()
         return 0
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        ray.shutdown()

@@ -14,10 +14,11 @@ from ..server.conftest import free_port
 
 
 class RayServe:
-    """The running instance: ``url`` is Serve's HTTP proxy."""
+    """The running instance: ``url`` is Serve's HTTP proxy, ``metrics_url`` Ray's metrics export."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, metrics_port: int) -> None:
         self.url = f"http://127.0.0.1:{port}"
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
 
     def run(self, app: Any, name: str = "smile-llm") -> None:
         from ray import serve
@@ -45,11 +46,12 @@ def ray_serve() -> Iterator[RayServe]:
     ray = pytest.importorskip("ray", reason="needs the ray extra")
     from ray import serve
 
-    port = free_port()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port, metrics_port = free_port(), free_port()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _metrics_export_port=metrics_port)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        yield RayServe(port)
+        yield RayServe(port, metrics_port)
     finally:
         try:
             serve.shutdown()

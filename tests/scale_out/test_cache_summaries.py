@@ -127,6 +127,8 @@ def never() -> float:
     ({"a": 2, "b": 1}, {"a": 2, "b": 0}, "a"),  # 2 of 20 is useful
     ({"a": 2, "b": 1}, {"a": 4, "b": 4}, "b"),  # equal matches: the shorter queue
     ({"a": 1, "b": 2, "c": 0}, {"a": 3, "b": 6, "c": 0}, "b"),  # the longest match
+    ({"a": 1, "b": 0}, {"a": 5, "b": 4}, "b"),  # 1 page more than the least loaded holds decides nothing
+    ({"a": 1, "b": 0}, {"a": 6, "b": 4}, "a"),  # 2 more does
 ])
 def test_rank_replicas(loads: dict[str, int], matched: dict[str, int], want: str) -> None:
     ranked = rank_replicas(list(loads), loads, matched, 20, 0.1, 8, {}, never)

@@ -99,6 +99,23 @@ def test_every_answer_equals_single_process_greedy_output(cluster: RayServe, ref
         assert c.get("/health").status_code == 200
 
 
+def test_each_replicas_metrics_are_exported_by_ray_labelled_by_replica(cluster: RayServe) -> None:
+    answered: set[str] = set()
+    with httpx.Client(base_url=cluster.url, timeout=TIMEOUT) as c:
+        for k in range(4):
+            answered.add(chat(c, [{"role": "user", "content": f"metrics {k} " * 20}], 2).headers["x-smile-llm-replica"])
+
+    def exported() -> set[str]:
+        try:
+            text = httpx.get(cluster.metrics_url, timeout=10).text
+        except httpx.HTTPError:
+            return set()
+        return {line.split('replica="')[1].split('"')[0] for line in text.splitlines()
+                if line.startswith("ray_smile_llm_requests_total{") and 'status="200"' in line
+                and 'deployment="ModelReplica"' in line}
+    wait_for(lambda: answered <= exported(), 60, f"Ray exporting the metrics of {answered}")
+
+
 def test_a_conversations_next_turn_goes_to_the_replica_that_served_it(cluster: RayServe) -> None:
     conversations = [[{"role": "system", "content": SYSTEM.format(k=100 + k)},
                       {"role": "user", "content": "first question"}] for k in range(CONVERSATIONS)]
