@@ -146,8 +146,8 @@ def serve_replicas(app: Any, host: str, port: int, num_cpus: int | None = None,
     from ray import serve
 
     stop = threading.Event()
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-             **({"_metrics_export_port": metrics_port} if metrics_port is not None else {}))
+    export: dict[str, Any] = {} if metrics_port is None else {"_metrics_export_port": metrics_port}
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **export)
     # (after ray.init, which installs its own handlers)
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGTERM, signal.SIGINT)}
