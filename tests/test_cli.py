@@ -117,6 +117,7 @@ def assert_one_line(done: subprocess.CompletedProcess[str], command: str, *words
 @pytest.mark.parametrize("command, case", [
     ("generate", "missing"), ("generate", "file"), ("generate", "bad_json"), ("generate", "broken_weights"),
     ("demo", "missing"), ("demo", "file"), ("chat", "empty"), ("chat", "file"),
+    ("serve", "missing"), ("serve", "bad_json"),  # (refused before anything listens or Ray starts)
 ])
 def test_a_bad_model_is_one_line_naming_the_path_and_exit_2(command: str, case: str, bad_models) -> None:
     path, words = bad_models[case]

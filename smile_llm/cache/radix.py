@@ -49,6 +49,7 @@ class TreeNode:
         "creation_time",
         "hit_count",
         "priority",
+        "hash_memo",
     )
 
     def __init__(self, parent: TreeNode | None, key: np.ndarray, value: np.ndarray | None,
@@ -64,6 +65,8 @@ class TreeNode:
         self.creation_time = tick
         self.hit_count = 0
         self.priority = priority
+        # (hash before the edge, edge length, its pages' prefix hashes, hash after): page_prefix_hashes
+        self.hash_memo: tuple[bytes, int, list[int], bytes] | None = None
 
     @property
     def evicted(self) -> bool:
@@ -485,17 +488,32 @@ class RadixCache:
                 path = self._walk(toks[: self._aligned(len(toks))], extra_key)
                 h = seed_hash(extra_key)
                 for seg in path[:-1]:
-                    h = self._hash_pages(seg.node.key, h, out)
+                    h = self._node_hashes(seg.node, h, out)
                 stack = [(path[-1].node, h, EMPTY)] if path else []
             while stack and (limit is None or len(out) < limit):
                 node, h, carry = stack.pop(0) if limit is not None else stack.pop()
                 if node.evicted:
                     continue
-                tokens = np.concatenate([carry, node.key]) if len(carry) else node.key
-                h = self._hash_pages(tokens, h, out)
-                rest = tokens[len(tokens) // ps * ps :]  # (the tree holds whole pages: empty)
+                if len(carry):
+                    tokens = np.concatenate([carry, node.key])
+                    h = self._hash_pages(tokens, h, out)
+                else:  # (always, in practice: the tree holds whole pages)
+                    tokens = node.key
+                    h = self._node_hashes(node, h, out)
+                rest = tokens[len(tokens) // ps * ps :]
                 stack.extend((child, h, rest) for child in node.children.values())
         return frozenset(list(out)[:limit] if limit is not None else out)
+
+    def _node_hashes(self, node: TreeNode, h: bytes, out: dict[int, None]) -> bytes:
+        """``_hash_pages`` of the node's edge after ``h``, remembered on the node (a split changes
+        the edge, and with it the memo's key)."""
+        memo = node.hash_memo
+        if memo is None or memo[0] != h or memo[1] != len(node.key):
+            mine: dict[int, None] = {}
+            end = self._hash_pages(node.key, h, mine)
+            memo = node.hash_memo = (h, len(node.key), list(mine), end)
+        out.update(dict.fromkeys(memo[2]))
+        return memo[3]
 
     def _hash_pages(self, tokens: np.ndarray, h: bytes, out: dict[int, None]) -> bytes:
         """Chain ``h`` over the whole pages of ``tokens``, adding each prefix's hash to ``out``;

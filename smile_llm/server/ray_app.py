@@ -26,7 +26,9 @@ INSTALL_HINT = "Ray Serve is not installed: pip install 'smile-llm[ray]'"
 ROUTERS = {
     "cache": "smile_llm.server.cache_router:CacheAwareRouter",
     "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
-    "prefix": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
+    # (its public alias, ray.serve.llm.request_router, imports vLLM or SGLang; the class does not)
+    "prefix": "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router:"
+              "PrefixCacheAffinityRouter",
 }
 STATS_PERIOD_S = 2.0  # how often each replica's complete cache summary is collected
 HEALTH_CHECK_PERIOD_S = 2.0
