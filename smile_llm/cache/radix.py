@@ -65,7 +65,7 @@ class TreeNode:
         self.creation_time = tick
         self.hit_count = 0
         self.priority = priority
-        # (hash before the edge, edge length, its pages' prefix hashes, hash after): page_prefix_hashes
+        # page_prefix_hashes' memo: (hash before the edge, its length, its pages' hashes, hash after)
         self.hash_memo: tuple[bytes, int, list[int], bytes] | None = None
 
     @property
