@@ -65,7 +65,7 @@ class TreeNode:
         self.creation_time = tick
         self.hit_count = 0
         self.priority = priority
-        # page_prefix_hashes' memo: (hash before the edge, its length, its pages' hashes, hash after)
+        # page_prefix_hashes' memo: (hash before the edge, its length, its pages' hashes, the last)
         self.hash_memo: tuple[bytes, int, list[int], bytes] | None = None
 
     @property
