@@ -11,9 +11,10 @@ Configurations: one replica with the KV pool of one (the same replica as below),
 (``2 x --max-batch-size``: the whole cache of two replicas in one, which no router can split better; the hit rate
 the goal is measured against), then two replicas under each router. Each replica is the shipped dense model with
 one torch thread and a KV pool of ``--max-batch-size`` x ``--max-seq-len`` tokens, so the trace's working set
-overflows one replica's cache and the routers' choices matter. Reported per configuration (the median over ``--runs`` runs, each on freshly started
-replicas): the prefix-cache hit rate (cached prompt tokens over prompt tokens, from each answer's ``usage``), mean and
-p99 time to first token, output tokens per second and requests per second. Goal: the cache router's hit rate at least
+overflows one replica's cache and the routers' choices matter. Reported per configuration (the median over
+``--runs`` runs, each on freshly started replicas): the prefix-cache hit rate (cached prompt tokens over prompt
+tokens, from each answer's ``usage``), mean and p99 time to first token, output tokens per second and requests per
+second. Goal: the cache router's hit rate at least
 0.9 of one replica's.
 
 Faults: the trace again under the cache router, with one replica killed after a third of its requests: the share of
