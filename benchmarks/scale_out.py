@@ -14,8 +14,7 @@ one torch thread and a KV pool of ``--max-batch-size`` x ``--max-seq-len`` token
 overflows one replica's cache and the routers' choices matter. Reported per configuration (the median over
 ``--runs`` runs, each on freshly started replicas): the prefix-cache hit rate (cached prompt tokens over prompt
 tokens, from each answer's ``usage``), mean and p99 time to first token, output tokens per second and requests per
-second. Goal: the cache router's hit rate at least
-0.9 of one replica's.
+second. Goal: the cache router's hit rate at least 0.9 of one replica's with the pool of two.
 
 Faults: the trace again under the cache router, with one replica killed after a third of its requests: the share of
 requests completed (the rest end with a clean error: the clients do not retry), and the recovery time (from the kill
