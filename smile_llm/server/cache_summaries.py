@@ -126,10 +126,11 @@ class CacheSummaries:
     def size(self, replica: str) -> int:
         """About how many prefix hashes ``replica``'s view holds (those added since its last
         complete summary counted once per summary)."""
+        now = self.clock()
         with self._lock:
             view = self._views.get(replica)
             return 0 if view is None else len(view.held) + sum(
-                len(h) for _, h in view.added + view.pending)
+                len(h) for _, h in view.added) + sum(len(h) for t, h in view.pending if t > now)
 
     def sizes(self) -> dict[str, int]:
         """Replica id -> how many prefix hashes its view holds (for inspection)."""

@@ -149,3 +149,14 @@ def test_equal_loads_go_to_the_replica_with_the_least_cached() -> None:
     assert rank_replicas(list(loads), loads, {}, 5, 0.1, 8, {"a": 40, "b": 3, "c": 0}, never) == [["b"], ["a"], ["c"]]
     # a useful prefix still wins over a smaller cache
     assert rank_replicas(list(loads), loads, {"a": 5}, 5, 0.1, 8, {"a": 40, "b": 3}, never)[0] == ["a"]
+
+
+def test_size_counts_what_has_not_expired() -> None:
+    clock = Clock()
+    board = CacheSummaries(pending_ttl_s=5.0, clock=clock)
+    board.publish(CacheSummary.of("r1", 1, PS, hashes_of(A), complete=True))
+    board.publish(CacheSummary.of("r1", 2, PS, hashes_of(B), complete=False))
+    board.routed("r1", page_hashes(A + B, PS))
+    assert board.size("r1") == 4 + 3 + 7 and board.size("r2") == 0
+    clock.now = 5.0
+    assert board.size("r1") == 4 + 3

@@ -135,7 +135,6 @@ def test_a_conversations_next_turn_goes_to_the_replica_that_served_it(cluster: R
                              {"role": "user", "content": f"follow-up {turn}"}]
     for k, replicas in enumerate(served):
         assert len(set(replicas)) == 1, (k, replicas)
-    assert len({r[0] for r in served}) == 2  # (the first turns were spread by load: both replicas served)
 
 
 def test_a_replica_killed_under_load(cluster: RayServe, reference: LanguageModel) -> None:
