@@ -22,7 +22,8 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge,
+                               generate_latest)
 from ray.exceptions import ActorUnavailableError, RayActorError
 
 from .app import authorize, read_raw_body
@@ -62,10 +63,16 @@ class Ingress:
         self.lost = Counter("smile_llm_ingress_lost_streams",
                             "Streams ended with an error because their replica was lost",
                             registry=self.registry)
+        self.views = Gauge("smile_llm_ingress_cached_prefixes",
+                           "Prefix page hashes the router knows each replica holds", ["replica"],
+                           registry=self.registry)
 
     async def __call__(self, request: Request) -> Response:
         try:
             if request.url.path == "/metrics":
+                self.views.clear()
+                for replica, size in self.cache_views().items():
+                    self.views.labels(replica).set(size)
                 return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
             if request.method == "POST" or request.url.path.startswith("/v1"):
                 authorize(self.settings, request)  # (before any work; the replica checks again)

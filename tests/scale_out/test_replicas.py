@@ -36,14 +36,9 @@ def reference() -> Iterator[LanguageModel]:
 
 @pytest.fixture(scope="module")
 def cluster(ray_serve: RayServe) -> Iterator[RayServe]:
-    from smile_llm.server.model_options import ModelOptions
-    from smile_llm.server.ray_app import application
-    from smile_llm.server.settings import ServerSettings
-
     # pending_ttl_s=0: a routed prompt does not count as cached, so the next turn is placed by the summaries alone
-    ray_serve.run(application(ModelOptions(max_batch_size=8, max_seq_len=2048, threads=1),
-                              ServerSettings(model_name="smile-test"), replicas=2, cpus_per_replica=1.0,
-                              stats_period_s=1.0, stall_timeout_s=30.0, router_kwargs={"pending_ttl_s": 0.0}))
+    ray_serve.run(dict(max_batch_size=8, max_seq_len=2048, threads=1), dict(model_name="smile-test"), replicas=2,
+                  cpus_per_replica=1.0, stats_period_s=1.0, stall_timeout_s=30.0, router_kwargs={"pending_ttl_s": 0.0})
     yield ray_serve
 
 
@@ -138,8 +133,6 @@ def test_a_conversations_next_turn_goes_to_the_replica_that_served_it(cluster: R
 
 
 def test_a_replica_killed_under_load(cluster: RayServe, reference: LanguageModel) -> None:
-    import ray
-
     prompts = [f"# stream {k}\nclass Item{k}:\n    def __init__(self):\n        " for k in range(STREAMS)]
     new_tokens = 240
     want = [c.text for c in reference.generate_batch([reference.encode(p) for p in prompts], new_tokens,
@@ -175,7 +168,7 @@ def test_a_replica_killed_under_load(cluster: RayServe, reference: LanguageModel
         assert event.wait(120), "a stream did not start"
     with httpx.Client(base_url=cluster.url, timeout=TIMEOUT) as c:
         victim = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 1}).headers["x-smile-llm-replica"]
-    ray.kill(ray.get_actor(f"SERVE_REPLICA::smile-llm#ModelReplica#{victim}", namespace="serve"), no_restart=True)
+    cluster.call("kill", replica=victim)
     for t in threads:
         t.join(180)
     assert not any(t.is_alive() for t in threads), "a stream hung"
@@ -191,9 +184,14 @@ def test_a_replica_killed_under_load(cluster: RayServe, reference: LanguageModel
     assert survivors > 0
     # Ray Serve starts a replacement; the router forgets the dead replica's summary
     wait_for(lambda: cluster.running() == 2, 180, "two model replicas running again")
-    ingress = __import__("ray").serve.get_app_handle("smile-llm")
-    wait_for(lambda: not any(r.endswith(victim) for r in ingress.cache_views.remote().result()), 60,
-             "the dead replica's summary dropped")
+    wait_for(lambda: victim not in cached_prefixes(cluster), 60, "the dead replica's summary dropped")
     with httpx.Client(base_url=cluster.url, timeout=TIMEOUT) as c:
         r = chat(c, [{"role": "user", "content": "still there?"}])
         assert r.headers["x-smile-llm-replica"] != victim
+
+
+def cached_prefixes(cluster: RayServe) -> dict[str, float]:
+    """Replica unique id -> the prefix hashes the router's board holds for it (the ingress's /metrics)."""
+    text = httpx.get(cluster.url + "/metrics", timeout=30).text
+    return {line.split('replica="')[1].split('"')[0].rsplit("#", 1)[-1]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("smile_llm_ingress_cached_prefixes{")}

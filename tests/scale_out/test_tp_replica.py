@@ -18,19 +18,12 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def tp_cluster(ray_serve: RayServe) -> Iterator[RayServe]:
-    from smile_llm.server.model_options import ModelOptions
-    from smile_llm.server.ray_app import application
-    from smile_llm.server.settings import ServerSettings
-
-    ray_serve.run(application(ModelOptions(max_batch_size=4, max_seq_len=1024, tensor_parallel=2, threads=1),
-                              ServerSettings(), replicas=1, cpus_per_replica=0.5))
+    ray_serve.run(dict(max_batch_size=4, max_seq_len=1024, tensor_parallel=2, threads=1), replicas=1,
+                  cpus_per_replica=0.5)
     yield ray_serve
 
 
 def test_a_tensor_parallel_replica_answers_as_one_process(tp_cluster: RayServe) -> None:
-    import ray
-    import ray.serve
-
     reference = LanguageModel.default(max_batch_size=4, max_seq_len=1024)
     try:
         with httpx.Client(base_url=tp_cluster.url, timeout=120) as c:
@@ -42,13 +35,7 @@ def test_a_tensor_parallel_replica_answers_as_one_process(tp_cluster: RayServe) 
                 assert r.json()["choices"][0]["message"]["content"] == want
     finally:
         reference.close()
-    ray.serve.delete("smile-llm")
-    # the rank actor ended with its replica: no actor of that class is left alive
-    wait_for(lambda: _live_ranks() == 0, 60, "the tensor-parallel rank ended")
-
-
-def _live_ranks() -> int:
-    import ray
-
-    return len([a for a in ray.state.actors().values()  # type: ignore[attr-defined]
-                if a["ActorClassName"].endswith("TensorParallelRank") and a["State"] != "DEAD"])
+    assert tp_cluster.call("ranks") == 1
+    tp_cluster.call("delete")
+    # the rank actor ends with its replica
+    wait_for(lambda: tp_cluster.call("ranks") == 0, 60, "the tensor-parallel rank ended")
