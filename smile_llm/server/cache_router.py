@@ -25,11 +25,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ray.serve._private.common import ReplicaID
-from ray.serve._private.replica_result import ReplicaResult
-from ray.serve._private.request_router.common import PendingRequest
-from ray.serve._private.request_router.replica_wrapper import RunningReplica
-from ray.serve.request_router import RequestRouter
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from ..cache.prefix_hash import page_hashes
 from .cache_summaries import CACHE_STAT, PENDING_TTL_S, CacheSummaries, board, rank_replicas
@@ -75,7 +71,7 @@ class CacheAwareRouter(RequestRouter):
         return [[by_id[r] for r in group] for group in ranked]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID,
-                          result: ReplicaResult) -> None:
+                          result: Any) -> None:
         hashes = self._hashes(pending_request)
         if hashes:
             self.board.routed(replica_id.to_full_id_str(), hashes)
@@ -107,6 +103,5 @@ class CacheAwareRouter(RequestRouter):
     def _loads(self, replicas: list[RunningReplica]) -> dict[ReplicaID, int]:
         """Each replica's queue length as last seen (unknown: 0). Ray Serve probes the replica it
         is about to send to, and moves to the next group when that one is full or silent."""
-        cache = self._replica_queue_len_cache if self._use_replica_queue_len_cache else None
-        return {r.replica_id: (cache.get(r.replica_id) if cache is not None else None) or 0
-                for r in replicas}
+        cache = self.replica_queue_len_cache
+        return {r.replica_id: cache.get(r.replica_id) or 0 for r in replicas}
