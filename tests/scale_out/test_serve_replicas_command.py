@@ -63,7 +63,7 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 120) -> int:
 def test_serve_replicas_answers_and_exits_zero_on_sigterm() -> None:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "smile_llm", "serve", "--replicas", "2", "--port", str(port),
-                             "--replica-cpus", "1", "--log-level", "warning"],
+                             "--replica-cpus", "0.5", "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
@@ -83,6 +83,7 @@ def test_the_serve_run_config_deploys(tmp_path: Path) -> None:
     assert set(config["applications"][0]["args"]) <= APP_ARGS | MODEL_ARGS | SETTINGS_ARGS
     port = free_port()
     config["http_options"] = {"host": "127.0.0.1", "port": port}
+    config["applications"][0]["args"]["cpus_per_replica"] = 0.5  # (fits a machine of fewer than 2 CPUs too)
     local = tmp_path / "serve.yaml"
     local.write_text(yaml.safe_dump(config))
     serve = Path(sys.executable).parent / "serve"
