@@ -28,7 +28,8 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from ..cache.prefix_hash import page_hashes
-from .cache_summaries import CACHE_STAT, PENDING_TTL_S, CacheSummaries, board, rank_replicas
+from .cache_summaries import (CACHE_STAT, PENDING_TTL_S, CacheSummaries, CacheSummary, board,
+                              rank_replicas)
 from .proxied import ProxiedRequest
 
 MIN_MATCH_RATIO = 0.25
@@ -54,10 +55,12 @@ class CacheAwareRouter(RequestRouter):
                               ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
+        if pending_request is not None:  # (Ray Serve waits before trying again when all are full)
+            pending_request.routing_context.should_backoff = True
         for replica in candidate_replicas:  # the newest complete summaries, from routing stats
-            summary = (replica.routing_stats or {}).get(CACHE_STAT)
-            if summary is not None and summary.version > self.board.version(summary.replica):
-                self.board.publish(summary)
+            stats = (replica.routing_stats or {}).get(CACHE_STAT)
+            if stats is not None and stats["version"] > self.board.version(stats["replica"]):
+                self.board.publish(CacheSummary.from_stats(stats))
         loads = self._loads(candidate_replicas)
         hashes = self._hashes(pending_request)
         matched = {r.replica_id: self.board.matched_pages(r.replica_id.to_full_id_str(), hashes)

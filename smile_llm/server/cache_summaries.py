@@ -11,7 +11,7 @@ its radix tree holds, stamped with the replica's own counter (``version``).
 
 The router also adds a prompt's pages the moment it routes the prompt (``routed``), before the
 replica has computed anything, so that concurrent requests sharing a prefix meet on one replica;
-those entries expire after ``pending_ttl_s`` unless a summary confirms them.
+those entries count for ``pending_ttl_s`` (a summary taken meanwhile may predate the prefill).
 
 ``CacheSummaries`` is thread-safe. One board per process (``board()``) is shared by the router
 (Ray Serve builds it inside the process that holds the deployment handle) and the ingress that
@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -45,6 +45,17 @@ class CacheSummary:
     page_size: int
     hashes: np.ndarray
     complete: bool
+
+    def as_stats(self) -> dict[str, object]:
+        """This summary in plain types (for Ray Serve's routing stats)."""
+        return {"replica": self.replica, "version": self.version, "page_size": self.page_size,
+                "hashes": self.hashes.astype(np.uint64).tobytes(), "complete": self.complete}
+
+    @classmethod
+    def from_stats(cls, stats: dict[str, Any]) -> CacheSummary:
+        """The summary ``as_stats`` gave."""
+        return cls(str(stats["replica"]), int(stats["version"]), int(stats["page_size"]),
+                   np.frombuffer(stats["hashes"], dtype=np.uint64), bool(stats["complete"]))
 
     @classmethod
     def of(cls, replica: str, version: int, page_size: int, hashes: Collection[int],
@@ -81,7 +92,6 @@ class CacheSummaries:
                 if summary.version > view.version:
                     view.version, view.held = summary.version, held
                     view.added = [(v, h) for v, h in view.added if v > summary.version]
-                    view.pending = []  # (what was routed before this is in it, or never came)
             elif summary.version > view.version:
                 view.added = view.added[-(MAX_ADDED - 1):] + [(summary.version, held)]
 

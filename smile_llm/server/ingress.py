@@ -106,6 +106,7 @@ class Ingress:
                 answer.cancel()  # the client left (the request was cancelled)
                 raise
             if not isinstance(head, ResponseHead):
+                answer.cancel()
                 raise ApiError(500, "the replica answered out of order")
             # (Ray Serve's proxy sets X-Request-Id itself, to the id the replica's app used)
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers
@@ -147,6 +148,7 @@ class Ingress:
                 chunk = await self._next(answer)
             done = True
         except _Lost as exc:
+            answer.cancel()  # (a silent replica may still be generating)
             self.lost.inc()
             if streaming:
                 yield event(ApiError(503, f"the replica was lost mid-stream: {exc}").body())

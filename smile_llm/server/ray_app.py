@@ -150,13 +150,15 @@ def serve_replicas(app: Any, host: str, port: int, num_cpus: int | None = None,
     stop = threading.Event()
     export: dict[str, Any] = {} if metrics_port is None else {"_metrics_export_port": metrics_port}
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **export)
-    # (after ray.init, which installs its own handlers)
-    previous = {sig: signal.signal(sig, lambda *_: stop.set())
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous: dict[int, Any] = {}
     try:
         serve.start(http_options={"host": host, "port": port})
+        # (until the replicas run, Ctrl-C interrupts the wait: replicas that cannot be placed would
+        # keep it waiting)
         serve.run(app, name=APP_NAME, route_prefix="/")
         log.info("serving %s at http://%s:%d", APP_NAME, host, port)
+        previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                    for sig in (signal.SIGTERM, signal.SIGINT)}
         while not stop.wait(0.5):
             pass
         log.info("draining")

@@ -11,6 +11,7 @@ complete. Every routing-stats period Ray Serve collects a complete summary
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import threading
 from collections.abc import AsyncIterator
@@ -53,13 +54,14 @@ class ModelReplica:
 
     async def __call__(self, request: ProxiedRequest) -> AsyncIterator[ResponseHead | bytes |
                                                                         CacheSummary]:
-        """The app's answer to ``request`` (head, body chunks, heartbeats), then the partial
-        summary of what it left cached."""
+        """The app's answer to ``request`` (head, body chunks, heartbeats), then, for a request
+        with a prompt, the partial summary of what it left cached."""
         async for part in call_app(self.app, request):
             if isinstance(part, ResponseHead):
                 part = ResponseHead(part.status, [*part.headers, (REPLICA_HEADER, self.tag)])
             yield part
-        yield self.summary(request.prompt_token_ids)
+        if request.prompt_token_ids:  # (off the event loop: it may wait for the tree's lock)
+            yield await asyncio.to_thread(self.summary, request.prompt_token_ids)
 
     def summary(self, under: list[int] | None = None) -> CacheSummary:
         """The complete summary of the radix tree (``under`` None), or the partial one of the
@@ -74,13 +76,14 @@ class ModelReplica:
                                    if under else (), complete=False)
 
     def record_routing_stats(self) -> dict[str, Any]:
-        """Ray Serve's periodic call: the complete summary (the gauges are sampled too)."""
+        """Ray Serve's periodic call: the complete summary, in plain types (Serve's controller
+        passes it on without importing this package); the gauges are sampled too."""
         self.metrics.sample()
-        return {CACHE_STAT: self.summary()}
+        return {CACHE_STAT: self.summary().as_stats()}
 
     def check_health(self) -> None:
         """Ray Serve's health check: raises (and the replica is restarted) when the serving loop
-        has shut down or a tensor-parallel rank has ended."""
+        has shut down (its model was closed) or a tensor-parallel rank has ended."""
         if self.model.server.closed:
             raise RuntimeError("the serving loop has shut down")
         if self.ranks is not None:

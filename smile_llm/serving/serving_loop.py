@@ -303,7 +303,7 @@ class ServingLoop:
 
     @property
     def closed(self) -> bool:
-        """Whether the loop has shut down (its model closed or a fatal error ended it)."""
+        """Whether the loop has shut down (its model was closed)."""
         return self._closed
 
     def has_work(self) -> bool:

@@ -64,7 +64,7 @@ def test_complete_summaries_replace_partial_ones_add_and_stale_ones_change_nothi
     assert board.sizes() == {"r1": 7}
 
 
-def test_routed_prompts_count_until_they_expire_or_a_complete_summary_arrives() -> None:
+def test_routed_prompts_count_until_they_expire() -> None:
     clock = Clock()
     board = CacheSummaries(pending_ttl_s=10.0, clock=clock)
     board.publish(CacheSummary.of("r1", 1, PS, set(), complete=True))
@@ -75,8 +75,20 @@ def test_routed_prompts_count_until_they_expire_or_a_complete_summary_arrives() 
     clock.now = 10.0
     assert board.matched_pages("r1", page_hashes(A, PS)) == 0
     board.routed("r1", page_hashes(A, PS))
-    board.publish(CacheSummary.of("r1", 2, PS, set(), complete=True))  # it never came
+    # a complete summary taken before the prefill does not erase it
+    board.publish(CacheSummary.of("r1", 2, PS, set(), complete=True))
+    assert board.matched_pages("r1", page_hashes(A, PS)) == 4
+    clock.now = 20.0
     assert board.matched_pages("r1", page_hashes(A, PS)) == 0
+
+
+def test_a_summary_travels_as_plain_types() -> None:
+    summary = CacheSummary.of("r1", 7, PS, hashes_of(A, B), complete=True)
+    stats = summary.as_stats()
+    assert {type(v) for v in stats.values()} <= {str, int, bytes, bool}
+    back = CacheSummary.from_stats(stats)
+    assert (back.replica, back.version, back.page_size, back.complete) == ("r1", 7, PS, True)
+    assert sorted(back.hashes.tolist()) == sorted(summary.hashes.tolist()) and len(back.hashes) == 7
 
 
 def test_dropped_and_departed_replicas_are_forgotten() -> None:
