@@ -142,23 +142,31 @@ def serve_replicas(app: Any, host: str, port: int, num_cpus: int | None = None,
     ``/metrics``; default: a port Ray picks) with Serve's HTTP proxy at ``host``:``port``, run
     ``app`` there until SIGTERM or SIGINT, then
     shut Serve down (each replica finishes its in-flight requests within its graceful timeout)
-    and Ray. Returns 0."""
+    and Ray. A signal while the replicas start stops the start-up. Returns 0."""
     require_ray()
     import ray
     from ray import serve
 
     stop = threading.Event()
+    starting = [True]
+
+    def on_signal(*_: Any) -> None:
+        stop.set()
+        if starting[0]:  # interrupt the wait for the replicas (unplaceable ones never run)
+            raise KeyboardInterrupt
+
     export: dict[str, Any] = {} if metrics_port is None else {"_metrics_export_port": metrics_port}
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **export)
-    previous: dict[int, Any] = {}
+    # (after ray.init, which installs its own handlers)
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         serve.start(http_options={"host": host, "port": port})
-        # (until the replicas run, Ctrl-C interrupts the wait: replicas that cannot be placed would
-        # keep it waiting)
-        serve.run(app, name=APP_NAME, route_prefix="/")
-        log.info("serving %s at http://%s:%d", APP_NAME, host, port)
-        previous = {sig: signal.signal(sig, lambda *_: stop.set())
-                    for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            serve.run(app, name=APP_NAME, route_prefix="/")
+            starting[0] = False
+            log.info("serving %s at http://%s:%d", APP_NAME, host, port)
+        except KeyboardInterrupt:
+            log.info("stopped while starting")
         while not stop.wait(0.5):
             pass
         log.info("draining")

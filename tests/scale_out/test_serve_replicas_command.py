@@ -1,6 +1,7 @@
-"""``smile-llm serve --replicas 2`` and ``serve run deploy/ray_serve.yaml`` as processes: each starts Ray, answers
-through two replicas, and (the command) exits 0 on SIGTERM within a bounded time; the config is valid for Ray Serve
-and names only known arguments; without Ray installed the command says how to install it, in one line."""
+"""``smile-llm serve --replicas 2`` and ``serve run deploy/ray_serve.yaml`` as processes: each starts Ray and answers
+through two replicas; the command exits 0 on SIGTERM within a bounded time, also while its replicas start; the
+config is valid for Ray Serve and names only known arguments; without Ray installed the command says how to install
+it, in one line."""
 
 from __future__ import annotations
 
@@ -68,6 +69,19 @@ def test_serve_replicas_answers_and_exits_zero_on_sigterm() -> None:
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
         two_replicas_answer(f"http://127.0.0.1:{port}")
+    finally:
+        code = stop(proc)
+    assert code == 0
+
+
+def test_sigterm_while_the_replicas_start_exits_zero() -> None:
+    """SIGTERM as soon as the first replica answers (Serve may still be starting the second) stops cleanly."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "smile_llm", "serve", "--replicas", "2", "--port", str(port),
+                             "--replica-cpus", "0.5", "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
     finally:
         code = stop(proc)
     assert code == 0
