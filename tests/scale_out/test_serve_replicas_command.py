@@ -61,11 +61,16 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 120) -> int:
             proc.kill()
 
 
-def test_serve_replicas_answers_and_exits_zero_on_sigterm() -> None:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "smile_llm", "serve", "--replicas", "2", "--port", str(port),
+def serve_replicas(port: int) -> subprocess.Popen[bytes]:
+    """``smile-llm serve --replicas 2`` on ``port``, half a CPU per replica (two fit any Ray instance it starts)."""
+    return subprocess.Popen([sys.executable, "-m", "smile_llm", "serve", "--replicas", "2", "--port", str(port),
                              "--replica-cpus", "0.5", "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_serve_replicas_answers_and_exits_zero_on_sigterm() -> None:
+    port = free_port()
+    proc = serve_replicas(port)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
         two_replicas_answer(f"http://127.0.0.1:{port}")
@@ -77,9 +82,7 @@ def test_serve_replicas_answers_and_exits_zero_on_sigterm() -> None:
 def test_sigterm_while_the_replicas_start_exits_zero() -> None:
     """SIGTERM as soon as the first replica answers (Serve may still be starting the second) stops cleanly."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "smile_llm", "serve", "--replicas", "2", "--port", str(port),
-                             "--replica-cpus", "0.5", "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = serve_replicas(port)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
     finally:
