@@ -428,8 +428,8 @@ def _serve_replicas(args: argparse.Namespace, options: Any, settings: Any) -> in
     from .server.ray_app import application, serve_replicas
 
     try:
-        app = application(replace(options, tensor_parallel=args.tensor_parallel or 1,
-                                   threads=max(1, int(args.replica_cpus))),
+        # (threads: one per CPU a replica asks for, set by application)
+        app = application(replace(options, tensor_parallel=args.tensor_parallel or 1),
                           settings, args.replicas, args.router, args.replica_cpus,
                           args.replica_gpus)
     except (ImportError, ValueError) as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from .model_options import ModelOptions
@@ -73,7 +73,7 @@ def application(options: ModelOptions, settings: ServerSettings, replicas: int =
     placement: dict[str, Any] = dict(placement_group_bundles=[bundle] * tp,
                                      placement_group_strategy="PACK") if tp > 1 else {}
     if options.threads is None:
-        options = _with(options, threads=max(1, int(cpus_per_replica)))
+        options = replace(options, threads=max(1, int(cpus_per_replica)))
     routing: dict[str, Any] = dict(
         request_router_class=ROUTERS[router], request_router_kwargs=router_kwargs or {},
         request_routing_stats_period_s=stats_period_s,
@@ -91,12 +91,6 @@ def application(options: ModelOptions, settings: ServerSettings, replicas: int =
                              max_ongoing_requests=max(1000, replicas * max_ongoing_requests))
     return front.bind(model.bind(options, settings, cpus_per_replica, gpus_per_replica),
                       options, settings, ingress_retries, stall_timeout_s)
-
-
-def _with(options: ModelOptions, **changes: Any) -> ModelOptions:
-    from dataclasses import replace
-
-    return replace(options, **changes)
 
 
 MODEL_ARGS = {f.name for f in fields(ModelOptions)}
