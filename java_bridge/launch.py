@@ -33,7 +33,7 @@ from typing import Any
 # otherwise
 DEFAULT_THREADS = 1
 JPYPE_HINT = ("JPype is not installed: pip install JPype1 (or the package's java extra: "
-              "pip install 'smile-llm[java]')")
+              "pip install -e '.[java]' in the smile-llm checkout)")
 
 
 def parse(argv: list[str], prog: str = "python -m java_bridge") -> argparse.Namespace:

@@ -31,6 +31,7 @@ from typing import Any
 
 from . import env
 from .models.folder import MODEL_FOLDER, load_error, model_folder_problem
+from .server.flags import positive_int as _positive_int
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
@@ -261,6 +262,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
         while True:
             print("> ", end="", flush=True)
             line = sys.stdin.readline()
+            if not line:  # end of input (a pipe): end the prompt's line
+                print(flush=True)
+                return 0
             if not line.strip():
                 return 0
             messages.append({"role": "user", "content": line.rstrip("\n")})
@@ -321,17 +325,6 @@ def cmd_bench(args: list[str]) -> int:
     return subprocess.call([sys.executable, "-m", "benchmarks", *args], cwd=root)
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
-    return value
-
-
 def add_threads_option(parser: argparse.ArgumentParser, default: int | None = None) -> None:
     """``--threads N``, the same option on every command: torch's intra-op threads (``default``, or
     ``env.default_threads()`` when None)."""
@@ -356,28 +349,17 @@ def _model_options(parser: argparse.ArgumentParser, model_help: str,
 
 
 def _serve_options(p: argparse.ArgumentParser) -> None:
-    """The flags of ``smile-llm serve`` beyond the model's."""
-    from .server.settings import MAX_BODY_BYTES, MAX_QUEUED
+    """The flags of ``smile-llm serve`` beyond the model's: the server's (``server.flags``), the
+    model's serving options and the replicas'."""
+    from .server.flags import add_server_flags
 
-    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", help="the key clients must send (else SMILE_LLM_API_KEY)")
-    p.add_argument("--api-key-file", help="a file holding the key")
-    p.add_argument("--served-model-name", default="smile-llm", help="the model's name in the API")
+    add_server_flags(p)
     p.add_argument("--drafter", default="mtp", help='"mtp", "ngram", "draft:DIR" or "none"')
     p.add_argument("--kv-dtype", default=None, help="the KV cache's dtype (e.g. fp8_e4m3)")
     p.add_argument("--max-batch-size", type=_positive_int, default=8)
     p.add_argument("--max-seq-len", type=_positive_int, default=None)
     p.add_argument("--speculative-max-batch", type=_positive_int, default=None,
                    help="steps with more rows decode plainly (default: speculate at any batch)")
-    p.add_argument("--max-body-bytes", type=_positive_int, default=MAX_BODY_BYTES)
-    p.add_argument("--max-tokens", type=_positive_int, default=None,
-                   help="the most tokens a request may ask for (default: the context)")
-    p.add_argument("--max-n", type=_positive_int, default=16)
-    p.add_argument("--max-queued", type=_positive_int, default=MAX_QUEUED)
-    p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="seconds a SIGTERM waits for in-flight requests")
-    p.add_argument("--log-level", default="info")
     p.add_argument("--replicas", type=_positive_int, default=None,
                    help="serve N copies of the model on a local Ray instance (needs the ray extra; "
                         "docs/scale_out.md)")
@@ -396,17 +378,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """``smile-llm serve``: the model's OpenAI-compatible API until SIGTERM or Ctrl-C (rank > 0
     of a tensor-parallel model follows rank 0). Returns 0 after a clean drain."""
     from . import env
-    from .server import ServerSettings, serve
+    from .server import serve
+    from .server.flags import settings_from
     from .server.model_options import ModelOptions
 
-    key = args.api_key
-    if key is None and args.api_key_file is not None:
-        try:
-            key = Path(args.api_key_file).read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise CommandError(f"--api-key-file: {exc.strerror}: {args.api_key_file}") from None
-    settings = ServerSettings(args.served_model_name, key or env.api_key(), args.max_body_bytes,
-                              args.max_tokens, args.max_n, args.max_queued, args.drain_timeout)
+    try:
+        settings = settings_from(args, env.api_key())
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     if args.model is not None:
         problem = model_folder_problem(args.model)
         if problem is not None:
@@ -418,7 +397,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _serve_replicas(args, options, settings)
     if env.distributed_launch() and env.local_rank() > 0:
         return _with_model(args, lambda lm: 0)
-    return serve(options.load, settings, args.host, args.port, args.log_level)
+    try:
+        return serve(options.load, settings, args.host, args.port, args.log_level)
+    except OSError as exc:  # the address: taken, or not this machine's
+        raise CommandError(f"cannot listen on {args.host}:{args.port}: "
+                           f"{exc.strerror or exc}") from None
 
 
 def _serve_replicas(args: argparse.Namespace, options: Any, settings: Any) -> int:

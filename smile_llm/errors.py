@@ -86,3 +86,12 @@ class GrammarError(RuntimeError):
     """The grammar engine failed while a constrained request was generating (it reached a state
     with no allowed token, or an internal limit). That request alone fails with it; its pages are
     released."""
+
+
+class GrammarLimitError(ConstraintError, GrammarError):
+    """A request's constraint went past what the grammar engine can follow while the request was
+    generating: one step's work over ``grammar_compiler.parser_limits`` ("Too many items", the
+    lexer's fuel), a state after which no token is allowed, or one where every allowed token would
+    repeat a key of the JSON object being written. A ``ConstraintError`` (``field`` names the
+    constraint's request field; a server answers it as a bad request naming the field) and a
+    ``GrammarError`` (that request alone fails, its pages released)."""

@@ -340,5 +340,5 @@ def test_serve_jvm_without_jpype_is_a_one_line_install_hint() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
-        "java_bridge: JPype is not installed: pip install JPype1 (or the package's java extra: pip install "
-        "'smile-llm[java]')"]
+        "java_bridge: JPype is not installed: pip install JPype1 (or the package's java extra: pip install -e "
+        "'.[java]' in the smile-llm checkout)"]

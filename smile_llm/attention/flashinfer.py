@@ -83,9 +83,9 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-INSTALL_HINT = ("FlashInfer is not installed: on a machine with a CUDA GPU run `pip install "
-                "'smile-llm[gpu]'` (or `pip install flashinfer-python`); select_backend(device, "
-                "prefer='reference') needs nothing extra")
+INSTALL_HINT = ("FlashInfer is not installed: on a machine with a CUDA GPU run `pip install -e "
+                "'.[gpu]'` in the smile-llm checkout (or `pip install flashinfer-python`); "
+                "select_backend(device, prefer='reference') needs nothing extra")
 
 WORKSPACE_BYTES = 128 * 1024 * 1024  # FlashInfer's recommended float workspace
 KV_LAYOUT = "NHD"  # the pool's per-layer view [num_pages, page_size, Hkv, D]

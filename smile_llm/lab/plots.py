@@ -18,7 +18,7 @@ from .result import LabResult
 
 PLOT_FILES = ("acceptance_by_position.png", "speedup_by_k.png", "drafters.png")
 MATPLOTLIB_HINT = ("pip install matplotlib (or the package's bench extra: "
-                   "pip install 'smile-llm[bench]')")
+                   "pip install -e '.[bench]' in the smile-llm checkout)")
 # a qualitative palette (matplotlib's tab10) and markers: within one panel every line differs in
 # colour and, past ten lines, in marker too
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",

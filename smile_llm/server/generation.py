@@ -6,7 +6,8 @@ event loop (``call_soon_threadsafe``, at most one wake-up pending per generation
 therefore never waits for a reader: a slow client's buffer holds at most its own output (bounded by
 ``max_tokens``), coalesced into the next chunk it reads. A background driver advances the requests
 (``serve_until_idle``). ``cancel`` (a client that went away) cancels every sample still running and
-releases its pages before returning."""
+releases its pages before returning; ``cut`` does the same for a server that stops, whose requests
+then end with a 503 (``error_of``)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..errors import GenerationCancelled
 from ..serving.completion import Completion
 from ..serving.request import RequestHandle, SamplingParams
+from .errors import ApiError, from_model_error
 
 
 @dataclass
@@ -59,15 +62,17 @@ class _Sample:
 class Generation:
     """The ``count`` samples of ``prompt`` (token ids) with ``params`` (one sample's settings;
     sample i draws with ``params.sample(i)``'s seed), submitted to ``model`` at once. ValueError
-    (and the model's other request errors) from the constructor, before anything is queued."""
+    (and the model's other request errors) from the constructor, before anything is queued.
+    ``renames``: request fields the API names otherwise, for ``error_of``."""
 
     def __init__(self, model: Any, prompt: list[int], params: SamplingParams, count: int,
-                 loop: asyncio.AbstractEventLoop) -> None:
-        self.model, self.loop = model, loop
+                 loop: asyncio.AbstractEventLoop, renames: dict[str, str] | None = None) -> None:
+        self.model, self.loop, self.renames = model, loop, renames
         self.lock = threading.Lock()
         self._event = asyncio.Event()
         self._wake_pending = False
         self.t0 = time.perf_counter()
+        self.cut_reason: str | None = None
         self.samples = [_Sample(i, self) for i in range(count)]
         base = replace(params, n=count)
         requests = [model.request(prompt, base.sample(i), listener=self.samples[i])
@@ -134,6 +139,22 @@ class Generation:
         for h in self.handles:
             if not h.done():
                 h.cancel()
+
+    def cut(self, reason: str) -> None:
+        """End every sample still running with a 503 saying ``reason`` (the server stops): each
+        is cancelled (pages released when this returns) and ``error_of`` answers its cancellation
+        with the 503."""
+        self.cut_reason = reason
+        self.cancel()
+
+    def error_of(self, exc: BaseException) -> ApiError:
+        """The API error of a failure of this generation: the 503 of a ``cut``, else the
+        model's error mapped by ``from_model_error``."""
+        if isinstance(exc, ApiError):
+            return exc
+        if self.cut_reason is not None and isinstance(exc, GenerationCancelled):
+            return ApiError(503, self.cut_reason)
+        return from_model_error(exc, self.renames)
 
     def latencies(self, index: int) -> tuple[float | None, list[float]]:
         """Sample ``index``'s time to first token and its gaps between tokens (seconds)."""

@@ -26,7 +26,8 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                generate_latest)
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from .app import authorize, read_raw_body
+from .app import authorize
+from .bodies import read_raw_body
 from .cache_summaries import CacheSummary, board
 from .errors import ApiError
 from .model_options import ModelOptions
@@ -76,7 +77,8 @@ class Ingress:
                 return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
             if request.method == "POST" or request.url.path.startswith("/v1"):
                 authorize(self.settings, request)  # (before any work; the replica checks again)
-            body = await read_raw_body(request, self.settings.max_body_bytes)
+            body = await read_raw_body(request, self.settings.max_body_bytes,
+                                          self.settings.body_timeout_s)
             prompt, ids = await asyncio.to_thread(self.prompts.of, request.url.path, body)
             proxied = ProxiedRequest(
                 request.method, request.url.path, request.url.query.encode(),

@@ -6,6 +6,7 @@ and waiting requests, KV pages in use)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -62,10 +63,26 @@ class ServerMetrics:
         for mirror in self.mirrors:
             mirror.answered(status)
 
+    def sent(self, tokens: int) -> None:
+        """Book ``tokens`` generated tokens sent to a client (streamed as they go out, so a
+        stream the client leaves counts what it got; a whole response when it is answered)."""
+        if tokens > 0:
+            self.generated_tokens.inc(tokens)
+            for mirror in self.mirrors:
+                mirror.sent(tokens)
+
+    def booked(self, generation: Any, completions: Sequence[Any]) -> None:
+        """Book the finished samples of ``generation`` (a ``Generation``): ``completed`` for
+        each, with its latencies."""
+        for i, c in enumerate(completions):
+            self.completed(c.stats, time.perf_counter() - generation.t0,
+                           *generation.latencies(i))
+
     def completed(self, stats: dict[str, Any], seconds: float, ttft: float | None = None,
                   gaps: Sequence[float] = ()) -> None:
-        """Book one finished generation: its ``Completion``'s stats, its end-to-end ``seconds``,
-        its time to first token and the gaps between its tokens."""
+        """Book one finished generation: its ``Completion``'s stats (prompt, cached and draft
+        counts; its generated tokens are booked by ``sent``), its end-to-end ``seconds``, its
+        time to first token and the gaps between its tokens."""
         if ttft is not None:
             self.ttft.observe(ttft)
         for gap in gaps:
@@ -73,7 +90,6 @@ class ServerMetrics:
         self.e2e.observe(seconds)
         self.prompt_tokens.inc(stats.get("prompt_tokens", 0))
         self.cached_tokens.inc(stats.get("cached_tokens", 0))
-        self.generated_tokens.inc(stats.get("generated_tokens", 0))
         self.proposed.inc(stats.get("proposed_drafts", 0))
         self.accepted.inc(stats.get("accepted_drafts", 0))
         for key, stat in (("prompt", "prompt_tokens"), ("cached", "cached_tokens"),
@@ -99,6 +115,8 @@ class MetricsMirror(Protocol):
     """Another metrics system fed the same observations (Ray's, in a replica)."""
 
     def answered(self, status: str) -> None: ...
+
+    def sent(self, tokens: int) -> None: ...
 
     def completed(self, stats: dict[str, Any], seconds: float, ttft: float | None,
                   gaps: Sequence[float]) -> None: ...

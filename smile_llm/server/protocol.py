@@ -1,7 +1,8 @@
 """The request bodies of ``/v1/chat/completions`` and ``/v1/completions`` (OpenAI's fields, and
 the project's own through ``extra_body``), as pydantic models: a field of the wrong type is a 400
-naming it; an unknown field is kept aside, logged and ignored (``unknown_fields``), as vLLM does, so
-clients that send extra fields keep working. Values are checked by ``SamplingParams`` (the one
+naming it (validated strictly: ``"3"`` is not an integer, ``"yes"`` not a boolean); an unknown
+field is kept aside, logged and ignored (``unknown_fields``), as vLLM does, so clients that send
+extra fields keep working. Values are checked by ``SamplingParams`` (the one
 validation), not here."""
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -22,7 +22,8 @@ from .settings import ServerSettings
 
 log = logging.getLogger("smile_llm.server")
 APP_NAME = "smile-llm"
-INSTALL_HINT = "Ray Serve is not installed: pip install 'smile-llm[ray]'"
+INSTALL_HINT = ("Ray Serve is not installed: pip install -e '.[ray]' in the smile-llm checkout "
+                "(or pip install 'ray[serve]>=2.60,<3')")
 ROUTERS = {
     "cache": "smile_llm.server.cache_router:CacheAwareRouter",
     "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",

@@ -13,7 +13,6 @@ from ray.serve import metrics
 from .metrics import GAUGES, LATENCY_BUCKETS, PREFIX, ServerMetrics
 
 COUNTED = {"prompt_tokens": "prompt_tokens", "cached_prompt_tokens": "cached_tokens",
-           "generation_tokens": "generated_tokens",
            "spec_decode_proposed_tokens": "proposed_drafts",
            "spec_decode_accepted_tokens": "accepted_drafts"}
 
@@ -33,13 +32,16 @@ class RayMetrics:
         self.requests = metrics.Counter(f"{PREFIX}_requests", "Requests answered, by status",
                                         tag_keys=("status",))
         self.counters = {name: metrics.Counter(f"{PREFIX}_{name}", name.replace("_", " "))
-                         for name in COUNTED}
+                         for name in (*COUNTED, "generation_tokens")}
         self.gauges = {name: metrics.Gauge(f"{PREFIX}_{name}", name.replace("_", " "))
                        for name in GAUGES}
         server.mirrors.append(self)
 
     def answered(self, status: str) -> None:
         self.requests.inc(1, tags={"status": status})
+
+    def sent(self, tokens: int) -> None:
+        self.counters["generation_tokens"].inc(tokens)
 
     def completed(self, stats: dict[str, Any], seconds: float, ttft: float | None,
                   gaps: Sequence[float]) -> None:

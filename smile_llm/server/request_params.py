@@ -10,9 +10,10 @@ from typing import Any
 
 from ..serving.request import SamplingParams
 from ..errors import ConstraintError
-from .errors import ApiError, field_of
+from .errors import ApiError, field_of, from_model_error
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .settings import ServerSettings
+from .tool_calls import ToolChoice
 
 # vLLM's names for structured output, taken as the model's own
 GUIDED = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
@@ -22,10 +23,11 @@ API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
 
 def sampling_params(body: SamplingFields, settings: ServerSettings, context_tokens: int,
-                    tool_grammar: str | None = None) -> SamplingParams:
-    """The settings of one sample of ``body`` (``n`` is the caller's: each sample is its own
-    request). ``context_tokens``: the model's longest request (the default ``max_tokens``);
-    ``tool_grammar``: the grammar a ``tool_choice`` forces (400 with another constraint)."""
+                    tools: ToolChoice | None = None) -> SamplingParams:
+    """The settings of one sample of ``body`` (``n`` is the caller's, checked at admission: each
+    sample is its own request). ``context_tokens``: the model's longest request (the default
+    ``max_tokens``); ``tools``: the grammar a ``tool_choice`` forces (400 with another
+    constraint) and the stop strings it needs."""
     fields: dict[str, Any] = {}
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
@@ -35,8 +37,6 @@ def sampling_params(body: SamplingFields, settings: ServerSettings, context_toke
         raise ApiError(400, f"max_tokens is {max_tokens}, over this server's limit of {limit}",
                        param="max_tokens")
     fields["max_new_tokens"] = limit if max_tokens is None else max_tokens
-    if not 1 <= body.n <= settings.max_n:
-        raise ApiError(400, f"n must be in [1, {settings.max_n}], got {body.n}", param="n")
     fields["temperature"] = 1.0 if body.temperature is None else body.temperature
     for name, target in (("top_p", "top_p"), ("presence_penalty", "presence_penalty"),
                          ("frequency_penalty", "frequency_penalty"), ("top_k", "top_k"),
@@ -56,8 +56,11 @@ def sampling_params(body: SamplingFields, settings: ServerSettings, context_toke
         fields["min_new_tokens"] = fields["max_new_tokens"]
     if body.draft_tree is not None:
         fields["draft_tree"] = tuple(body.draft_tree)
-    if body.stop is not None:
-        fields["stop"] = [body.stop] if isinstance(body.stop, str) else list(body.stop)
+    stops = [] if body.stop is None else [body.stop] if isinstance(body.stop, str) else \
+        list(body.stop)
+    stops += tools.stop_texts() if tools is not None else []
+    if stops:
+        fields["stop"] = stops
     if body.seed is not None:
         fields["seed"] = body.seed
     if body.logit_bias:
@@ -67,6 +70,7 @@ def sampling_params(body: SamplingFields, settings: ServerSettings, context_toke
             raise ApiError(400, "logit_bias keys must be token ids", param="logit_bias") from None
     _logprobs(body, fields)
     _response_format(body, fields)
+    tool_grammar = tools.grammar() if tools is not None else None
     if tool_grammar is not None:
         given = [k for k in ("json_schema", "json_object", "regex", "grammar", "choice")
                  if k in fields]
@@ -76,8 +80,9 @@ def sampling_params(body: SamplingFields, settings: ServerSettings, context_toke
         fields["grammar"] = tool_grammar
     try:
         return SamplingParams(**fields)
-    except ConstraintError as exc:
-        raise ApiError(400, str(exc), param=exc.field) from None
+    except ConstraintError as exc:  # a forced tool call's grammar is the tool_choice's
+        raise from_model_error(exc, {"grammar": "tool_choice"} if tool_grammar else None) \
+            from None
     except (ValueError, TypeError) as exc:  # named as the API names the field
         message, field = str(exc), field_of(str(exc))
         if field in API_NAMES:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from ..serving.completion import Completion
-from .tool_calls import split_reply
+from .tool_calls import ToolChoice, split_reply
 
 
 def usage(prompt_tokens: int, completions: list[Completion]) -> dict[str, Any]:
@@ -54,15 +54,18 @@ def completion_logprobs(decode: Any, c: Completion) -> dict[str, Any] | None:
 
 
 def chat_response(rid: str, model: str, decode: Any, prompt_tokens: int,
-                  completions: list[Completion], tools: bool = False) -> dict[str, Any]:
+                  completions: list[Completion], tools: ToolChoice | None = None
+                  ) -> dict[str, Any]:
     """A chat completion; with ``tools`` each reply is split into content and ``tool_calls``
-    (finish reason "tool_calls" when it made any)."""
+    (finish reason "tool_calls" when it made any and ended on its own; a call the reply was cut
+    inside is dropped)."""
     choices = []
     for i, c in enumerate(completions):
         message: dict[str, Any] = {"role": "assistant", "content": c.text}
         reason = c.finish_reason
-        if tools:
-            content, calls = split_reply(c.text)
+        if tools is not None:
+            content, calls = split_reply(c.text, c.finish_reason, tools.max_calls,
+                                         bool(tools.stop_texts()))
             message["content"] = content
             if calls:
                 message["tool_calls"] = [call.as_openai() for call in calls]

@@ -1,52 +1,106 @@
-"""``serve``: run the API of a model on uvicorn. The server listens at once and answers 503 while
-the model loads. SIGTERM (or Ctrl-C) stops admitting: new requests and ``/health`` get 503,
-in-flight requests and streams run to their end for up to ``settings.drain_timeout_s`` seconds,
-then the process exits 0."""
+"""``serve``: run the API of a model on uvicorn. The address is taken first (a port in use is an
+OSError before the model loads); the server then listens at once and answers 503 while the model
+loads.
+
+SIGTERM (or Ctrl-C) drains: the listening socket stays open and answers new requests and
+``/health`` with 503 (a load balancer sees the drain), while the requests in flight run to their
+end for up to ``settings.drain_timeout_s`` seconds; any still running then end with a 503 (a
+stream with an error event and ``[DONE]``), and the process exits 0. A second signal exits at
+once (status 128 + the signal's number)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import math
+import os
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 
-from .app import ServerState, create_app
+from .access_log import configure_logging
+from .app import create_app
+from .connections import listening_socket, uvicorn_config
 from .settings import ServerSettings
+from .state import ServerState
 
 log = logging.getLogger("smile_llm.server")
+POLL_S = 0.05  # how often the drain looks at the requests in flight
+CUT_GRACE_S = 5.0  # how long requests cut at the end of a drain have to send their last event
+CUT_REASON = "the server stopped before the request finished (its drain timeout passed)"
 
 
 class _DrainingServer(uvicorn.Server):
     """uvicorn's server, run on a thread (the main thread drives the model); the main thread's
-    signal handlers call ``drain``."""
+    signal handlers call ``drain`` (see the module docstring)."""
 
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self.state = state
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._drain_started = threading.Event()
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        if self._drain_started.is_set():  # a signal before the loop ran
+            self.loop.create_task(self._drain())
+        await super().serve(sockets)
 
     def drain(self) -> None:
-        """Stop admitting (503) and let uvicorn finish the in-flight requests, then exit."""
-        self.state.draining = True
+        """Start draining (from any thread; once)."""
+        if self._drain_started.is_set():
+            return
+        self._drain_started.set()
+        loop = self.loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(lambda: loop.create_task(self._drain()))
+            except RuntimeError:  # the loop already ended
+                self.should_exit = True
+
+    async def _drain(self) -> None:
+        state = self.state
+        state.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + state.settings.drain_timeout_s
+        while state.busy and loop.time() < deadline:
+            await asyncio.sleep(POLL_S)
+        if state.busy:
+            log.warning("drain timeout: ending %d requests with 503", len(state.generations))
+            await state.cut(CUT_REASON)
+            grace = loop.time() + CUT_GRACE_S
+            while state.generations and loop.time() < grace:
+                await asyncio.sleep(POLL_S)
         self.should_exit = True
 
 
 def serve(load: Callable[[], Any], settings: ServerSettings, host: str = "127.0.0.1",
           port: int = 8000, log_level: str = "info") -> int:
     """Serve the model ``load()`` returns at ``host``:``port`` until SIGTERM or SIGINT; 0 after a
-    clean drain, 1 when the model failed to load (the error is logged). uvicorn runs on a thread
-    and answers 503 while the model loads on the calling (main) thread, which then drives the
-    model's serving loop (``ServingLoop.drive_here``) until uvicorn has drained."""
+    clean drain, 1 when the model failed to load (the error is logged). OSError, before anything
+    loads, when the address cannot be taken. uvicorn runs on a thread and answers 503 while the
+    model loads on the calling (main) thread, which then drives the model's serving loop
+    (``ServingLoop.drive_here``) until uvicorn has drained."""
+    sock = listening_socket(host, port)
+    configure_logging(log_level)
     app = create_app(None, settings)
     state: ServerState = app.state.smile
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            # bounded: 0 drains nothing (None would wait for ever)
-                            timeout_graceful_shutdown=math.ceil(max(settings.drain_timeout_s, 0.0)))
+    config = uvicorn_config(app, settings, host, port, log_level,
+                            timeout_graceful_shutdown=int(CUT_GRACE_S))
     server = _DrainingServer(config, state)
     model: Any = None
+    signals = [0]
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        signals[0] += 1
+        if signals[0] > 1:
+            log.warning("a second signal: exiting now")
+            os._exit(128 + signum)
+        log.info("draining (a second signal exits at once)")
+        server.drain()
 
     def stop_driving() -> None:
         if model is not None:
@@ -54,14 +108,14 @@ def serve(load: Callable[[], Any], settings: ServerSettings, host: str = "127.0.
 
     def run_http() -> None:
         try:
-            server.run()
+            server.run(sockets=[sock])
         finally:  # drained: the main thread stops driving and closes the model
             stop_driving()
 
-    previous = {sig: signal.signal(sig, lambda *_: server.drain())
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     http = threading.Thread(target=run_http, name="smile-llm-http", daemon=True)
     http.start()
+    log.info("listening on http://%s:%d", host, port)
     try:
         try:
             model = load()
@@ -79,5 +133,6 @@ def serve(load: Callable[[], Any], settings: ServerSettings, host: str = "127.0.
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        sock.close()
         if model is not None:
             model.close()

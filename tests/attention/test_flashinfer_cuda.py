@@ -39,7 +39,7 @@ def _available() -> bool:
 
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(not _available(), reason="needs a CUDA device and flashinfer (pip install 'smile-llm[gpu]')"),
+    pytest.mark.skipif(not _available(), reason="needs a CUDA device and flashinfer (pip install -e '.[gpu]')"),
 ]
 
 
@@ -302,6 +302,7 @@ def test_verify_graph_replay_is_bit_exact_across_page_growth() -> None:
         else:
             replayed = captured.replay()
         eager = backend.run(q_static, k_layer, v_layer)
+        # exact: a replay launches the captured kernels on the same plan and buffers, which the eager run reuses
         assert torch.equal(replayed, eager), f"round {round_}: graph replay differs from eager on the same plan"
         other = FlashInferBackend(DEVICE)
         _plan(other, pool, meta, q_static, qo_indptr=qo, causal=True)
@@ -347,6 +348,7 @@ def test_decode_graph_replay_across_page_boundaries(group: int) -> None:
             replayed = captured.out
         else:
             replayed = captured.replay()
+        # exact, as above: the same kernels on the same plan and buffers
         assert torch.equal(replayed, backend.run(q_static, k_layer, v_layer)), f"position {pos}: replay != eager"
         ref_out, _ = _reference(pool, q_static, meta)
         torch.testing.assert_close(replayed.float(), ref_out.float(), rtol=2e-2, atol=2e-2)

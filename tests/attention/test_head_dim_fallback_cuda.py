@@ -22,7 +22,7 @@ from smile_llm import DEFAULT_DRAFT_DIR, LanguageModel
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not (torch.cuda.is_available() and flashinfer_available()),
-                       reason="needs a CUDA device and flashinfer (pip install 'smile-llm[gpu]')"),
+                       reason="needs a CUDA device and flashinfer (pip install -e '.[gpu]')"),
 ]
 
 PROMPTS = ["import os\n", "def main():\n    "]

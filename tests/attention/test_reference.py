@@ -168,7 +168,7 @@ def test_the_reference_reads_the_pool_layout_and_any_qo_indptr() -> None:
                                      qo_indptr=np.asarray(case.qo_indptr))
     tensor = reference_paged_attention(case.q, case.k, case.v, case.meta,
                                        qo_indptr=torch.tensor(case.qo_indptr, dtype=torch.int32))
-    for got in (flat, tensor):
+    for got in (flat, tensor):  # exact: the forms change only the indexing, the float64 arithmetic is the same
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 

@@ -30,7 +30,7 @@ from smile_llm.speculative.draft_tree import DraftTree, window_mask
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not (torch.cuda.is_available() and flashinfer_available()),
-                       reason="needs a CUDA device and flashinfer (pip install 'smile-llm[gpu]')"),
+                       reason="needs a CUDA device and flashinfer (pip install -e '.[gpu]')"),
 ]
 
 CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 257, "hidden_size": 256,

@@ -312,6 +312,7 @@ def test_non_contiguous_cache_in_the_5d_form() -> None:
     both = torch.stack([case.k, case.v], dim=1)  # [pages, 2, page_size, Hkv, D]: FlashInfer's 5-D NHD form
     qo = torch.tensor(case.qo_indptr)
     out = paged_attention(case.q, both[:, 0], both[:, 1], case.meta, qo_indptr=qo)
+    # exact: a layout changes only the gather (a copy into the same contiguous buffers); the arithmetic is the same
     assert torch.equal(out, paged_attention(case.q, case.k, case.v, case.meta, qo_indptr=qo))
     hnd = case.k.transpose(1, 2).contiguous().transpose(1, 2)  # NHD shape over HND storage: no row view exists
     assert not hnd.is_contiguous()
@@ -492,12 +493,12 @@ def test_backend_plan_once_run_per_layer_equals_paged_attention() -> None:
                 out, lse = backend.run(layer.q, k, v, k_scale=0.5, v_scale=2.0, return_lse=True)
                 want = paged_attention(layer.q, k, v, case.meta, qo_indptr=qo, sm_scale=0.2, logits_soft_cap=8.0,
                                        k_scale=0.5, v_scale=2.0, return_lse=True)
-                assert torch.equal(out, want[0]) and torch.equal(lse, want[1])
+                assert torch.equal(out, want[0]) and torch.equal(lse, want[1])  # one plan, the same kernels
                 want_out, _ = reference(layer, sm_scale=0.2, logits_soft_cap=8.0, k_scale=0.5, v_scale=2.0)
                 assert_close(out, want_out)
     backend.plan(case.meta, num_qo_heads=4, num_kv_heads=2, head_dim=16)  # decode
     q = torch.randn(4, 4, 16)
-    assert torch.equal(backend.run(q, case.k, case.v), paged_attention(q, case.k, case.v, case.meta))
+    assert torch.equal(backend.run(q, case.k, case.v), paged_attention(q, case.k, case.v, case.meta))  # as above
 
 
 def test_backend_run_before_plan_and_mismatches() -> None:
@@ -528,7 +529,7 @@ def test_backend_run_before_plan_and_mismatches() -> None:
         backend.run(c.q, c.k, c.v, k_scale=float("nan"))
     with pytest.raises(ValueError, match="outside the cache"):
         backend.run(c.q, c.k[:1], c.v[:1])
-    assert torch.equal(backend.run(c.q, c.k, c.v), first)
+    assert torch.equal(backend.run(c.q, c.k, c.v), first)  # the same call again: the same bits
 
 
 @pytest.mark.parametrize("seed", range(12))

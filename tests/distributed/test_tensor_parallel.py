@@ -30,6 +30,9 @@ from .tp_worker import TIMEOUT_S, logit_tolerance, spawn
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Tokens are compared exactly at TP=2 and TP=1 (tests/conftest.py): on this model every greedy choice the
+    # scenarios make leads by at least 1e-3, but PROMPTS[0]'s 17th token is a near tie (1.7e-5) that TP=2's other
+    # summation order could flip, so the scenarios that compare tokens take at most 16 from it.
     return build_mtp_model(tmp_path_factory.mktemp("tp") / "qwen3", "qwen3", seed=3)
 
 

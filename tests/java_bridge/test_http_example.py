@@ -131,3 +131,10 @@ def test_errors_are_exit_code_1_with_the_message(classes: Path, model: LanguageM
     assert gone.returncode == 1 and "error: no answer from http://127.0.0.1:" in gone.stderr, gone.stderr
     assert run(classes, "--max-tokens", "x", "hi").returncode == 2
     wait_unbound(model)
+
+
+def test_the_example_uses_the_jdk_client_at_its_defaults() -> None:
+    """What a JVM application gets by default (HTTP/2 preferred: an h2c upgrade offered on every request) is what
+    the example uses; the tests above run it against the server."""
+    source = SOURCE.read_text(encoding="utf-8")
+    assert ".version(" not in source and "HttpClient.newBuilder()" in source

@@ -183,7 +183,7 @@ def test_sharded_checkpoint_loads_identically(zoo, tmp_path, family):
     a, b = dict(one.transformer.named_parameters()), dict(many.transformer.named_parameters())
     assert a.keys() == b.keys()
     for k, v in a.items():
-        assert torch.equal(v, b[k]), k
+        assert torch.equal(v, b[k]), k  # loading copies the stored values: exact
     assert many.generate(PROMPT, 6).tokens == one.generate(PROMPT, 6).tokens
     assert_clean(many.pool)
 
@@ -223,7 +223,7 @@ def test_mtp_weights_load_under_mtp_prefix(tmp_path):
     lm = LanguageModel.from_pretrained(tmp_path, page_size=4, max_seq_len=32)
     assert lm.transformer.mtp is not None and lm.config.num_speculative_tokens == 2
     for k, v in lm.transformer.state_dict().items():
-        assert torch.equal(v, state[k]), k
+        assert torch.equal(v, state[k]), k  # loading copies the stored values: exact
     # without its mtp.* tensors the checkpoint does not match the config
     del state["mtp.fc.weight"]
     save_file(state, str(tmp_path / "model.safetensors"))

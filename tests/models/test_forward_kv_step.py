@@ -128,6 +128,7 @@ def test_the_forward_equals_one_put_per_layer() -> None:
                 pool.seal_length([5, 3])
         else:
             logits = [forward(i, *step) for i in range(2)]
+            # exact: the paths differ only in how K/V reach the pool (copies); every op after it is the same call
             assert torch.equal(logits[0], logits[1])
         assert [pools[0].kv_len(r) for r in ids[0]] == [pools[1].kv_len(r) for r in ids[1]]
         assert torch.equal(pools[0].key_cache, pools[1].key_cache)

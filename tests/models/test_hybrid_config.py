@@ -329,7 +329,7 @@ def test_qwen3_next_qkvz_grouping_matches_hf():
         qkvz, ba = layer.in_proj_qkvz(x), layer.in_proj_ba(x)
         q, k, v, z, b, a = layer.fix_query_key_value_ordering(qkvz, ba)
     hk, dk, dv, r = 2, 16, 8, 2
-    g = qkvz.view(1, 3, hk, 2 * dk + 2 * r * dv)
+    g = qkvz.view(1, 3, hk, 2 * dk + 2 * r * dv)  # exact below: transformers' q, k, v, z, b, a are slices of these
     assert torch.equal(q, g[..., :dk]) and torch.equal(k, g[..., dk:2 * dk])
     assert torch.equal(v, g[..., 2 * dk:2 * dk + r * dv].reshape(1, 3, hk * r, dv))
     assert torch.equal(z, g[..., 2 * dk + r * dv:].reshape(1, 3, hk * r, dv))

@@ -125,4 +125,4 @@ def test_without_ray_the_command_says_how_to_install_it(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "smile_llm", "serve", "--replicas", "2"], capture_output=True, text=True,
                        timeout=120, env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert r.returncode != 0
-    assert "pip install 'smile-llm[ray]'" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "pip install -e '.[ray]' in the smile-llm checkout" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

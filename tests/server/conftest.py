@@ -17,6 +17,7 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from smile_llm import LanguageModel  # noqa: E402
 from smile_llm.server import ServerSettings, create_app  # noqa: E402
+from smile_llm.server.connections import uvicorn_config  # noqa: E402
 
 KEY = "sk-test-0123456789"
 
@@ -28,12 +29,14 @@ def free_port() -> int:
 
 
 class LiveServer:
-    """uvicorn serving ``app`` on a thread; ``url`` its base URL."""
+    """uvicorn serving ``app`` on a thread, configured as ``smile-llm serve`` configures it (the bounded h11
+    protocol and the settings' connection limits); ``url`` its base URL."""
 
     def __init__(self, app: Any) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        config = uvicorn_config(app, app.state.smile.settings, "127.0.0.1", self.port, "warning")
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

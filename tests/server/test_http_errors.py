@@ -98,12 +98,19 @@ def test_a_missing_or_wrong_key_is_401(keyed: LiveServer) -> None:
     assert httpx.get(keyed.url + "/v1/models").status_code == 401
 
 
-def test_a_full_queue_is_429_with_retry_after(chat_model: LanguageModel) -> None:
-    server = LiveServer(create_app(chat_model, ServerSettings(model_name="q", max_queued=0)))
+def test_a_full_queue_is_429_with_retry_after_counting_samples(chat_model: LanguageModel) -> None:
+    """The queue counts samples: with 2 samples being admitted and a limit of 4, n=3 is refused and n=2 is
+    not; n over the limit can never be queued (400 naming it)."""
+    app = create_app(chat_model, ServerSettings(model_name="q", max_queued=4))
+    server = LiveServer(app)
     try:
-        r = post(server, CHAT, {"messages": MSG})
+        app.state.smile.admitting = 2  # as if a request of n=2 were being admitted
+        r = post(server, CHAT, {"messages": MSG, "n": 3, "max_tokens": 1})
         err = error_of(r, 429)
         assert r.headers["retry-after"] == "1" and "queue is full" in err["message"]
+        assert post(server, CHAT, {"messages": MSG, "n": 2, "max_tokens": 1}).status_code == 200
+        app.state.smile.admitting = 0
+        assert error_of(post(server, CHAT, {"messages": MSG, "n": 5, "max_tokens": 1}), 400)["param"] == "n"
     finally:
         server.stop()
 

@@ -77,13 +77,15 @@ class Twin:
     def decode_step(self, tokens: torch.Tensor, positions: np.ndarray) -> torch.Tensor:
         eager = self.model(tokens, positions, self.pools[0], self.eager)
         graph = self.decode.forward(tokens, positions)
+        # exact: a replay here reruns the captured forward (one graph per batch size, no padding): the eager
+        # forward's ops on equal inputs
         assert torch.equal(graph.logits, eager.logits) and torch.equal(graph.hidden, eager.hidden)
         return eager.logits[:, -1].argmax(-1)
 
     def verify_round(self, window: torch.Tensor, start: np.ndarray, accepted: np.ndarray) -> None:
         eager = self.model(window, start, self.pools[0], self.eager)
         graph = self.verify.forward(window, start)
-        assert torch.equal(graph.logits, eager.logits) and torch.equal(graph.hidden, eager.hidden)
+        assert torch.equal(graph.logits, eager.logits) and torch.equal(graph.hidden, eager.hidden)  # as above
         w = window.shape[1]
         for pool in self.pools:
             pool.truncate_to(start + accepted, start + w)

@@ -26,7 +26,7 @@ from smile_llm.models.transformer import Transformer
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not (torch.cuda.is_available() and flashinfer_available()),
-                       reason="needs a CUDA device and flashinfer (pip install 'smile-llm[gpu]')"),
+                       reason="needs a CUDA device and flashinfer (pip install -e '.[gpu]')"),
 ]
 
 CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 257, "hidden_size": 256,
@@ -76,8 +76,12 @@ def _one_model_at_a_time():
 
 
 def assert_close(graph, eager):
-    assert torch.equal(graph.logits.argmax(-1), eager.logits.argmax(-1))
+    """bf16 logits within 2e-2 + 2e-2 |x|, and the same choice wherever the top logit leads by more than twice
+    that (a lead the tolerance cannot overturn; on a random model a near tie may go either way)."""
     torch.testing.assert_close(graph.logits, eager.logits, rtol=2e-2, atol=2e-2)
+    top = eager.logits.float().topk(2, dim=-1).values
+    clear = top[..., 0] - top[..., 1] > 2 * (2e-2 + 2e-2 * top[..., 0].abs())
+    assert torch.equal(graph.logits.argmax(-1)[clear], eager.logits.argmax(-1)[clear])
 
 
 def test_one_decode_graph_per_batch_size_across_page_boundaries_and_ragged_rows(model_dir):

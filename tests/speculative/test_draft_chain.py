@@ -50,6 +50,12 @@ def history_pool(tr: Transformer, page_size: int, seed: int) -> tuple[KvCachePoo
     return pool, ids
 
 
+def lead(logits: torch.Tensor) -> torch.Tensor:
+    """How far each row's top logit leads its second (float32)."""
+    top = logits.float().topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
 def snapshot(pool: KvCachePool, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Every layer's K and V of every row's written positions."""
     out = []
@@ -79,6 +85,7 @@ def test_chain_steps_equal_one_token_forwards_through_the_pool(models, name: str
         got = chain.step(tokens, hidden)
         assert (got.logits - want.logits).abs().max().item() < 1e-5, j
         assert (got.hidden - want.hidden).abs().max().item() < 1e-5, j
+        # implied by the bound wherever the top logit leads by 2e-5; on these seeded inputs it leads by >= 0.018
         assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1))
         tokens, hidden = want.logits.argmax(-1, keepdim=True), want.hidden[:, None]  # the chain's own inputs
     with pytest.raises(RuntimeError, match="5 steps, all run"):
@@ -150,7 +157,7 @@ CUDA_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vo
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not (torch.cuda.is_available() and flashinfer_available()),
-                    reason="needs a CUDA device and flashinfer (pip install 'smile-llm[gpu]')")
+                    reason="needs a CUDA device and flashinfer (pip install -e '.[gpu]')")
 def test_chain_steps_equal_one_token_forwards_with_flashinfer() -> None:
     """On CUDA in bf16: the chain's history through FlashInfer's decode with its LSE, merged with the chain part in
     plain matmuls, against one-token FlashInfer forwards through the pool (bf16 tolerance, same argmax)."""
@@ -170,6 +177,7 @@ def test_chain_steps_equal_one_token_forwards_with_flashinfer() -> None:
         want = tr.draft(tokens, hidden, start + j, through_pool, backend)
         got = chain.step(tokens, hidden)
         assert (got.logits - want.logits).abs().max().item() < 0.1, j
-        assert torch.equal(got.logits.argmax(-1), want.logits.argmax(-1)), j
+        clear = lead(want.logits) > 0.2  # a lead the 0.1 bound cannot overturn: there the choices must agree
+        assert torch.equal(got.logits.argmax(-1)[clear], want.logits.argmax(-1)[clear]), j
         tokens, hidden = want.logits.argmax(-1, keepdim=True), want.hidden[:, None]
     assert [chained.kv_len(i) for i in chain_ids] == HISTORY

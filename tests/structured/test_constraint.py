@@ -186,7 +186,7 @@ def test_a_forced_chain_masks_are_computed_once() -> None:
     fresh = grammar.start().masks(paths)
     computed = []
     real = state._compute
-    state._compute = lambda out: (computed.append(1), real(out))  # type: ignore[method-assign]
+    state._compute = lambda out, scan: (computed.append(1), real(out, scan))  # type: ignore[method-assign]
     assert np.array_equal(state.masks(paths), fresh) and computed == []
     state.advance(chain[0])  # a new state: the chain no longer applies
     assert np.array_equal(state.masks([[]]), fresh[1:2]) and computed == [1]

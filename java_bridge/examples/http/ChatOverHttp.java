@@ -168,9 +168,9 @@ public final class ChatOverHttp {
         } catch (IllegalArgumentException e) {
             throw new UsageError("--url is not a valid URL: " + e.getMessage());
         }
-        // HTTP/1.1: the client's default, HTTP/2, would first try an h2c upgrade on a plain http:// URL.
-        HttpClient client = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1)
-                .connectTimeout(o.timeout()).build();
+        // The client's defaults (HTTP/2 preferred): on a plain http:// URL it offers an h2c upgrade with each
+        // request, which the server declines, answering over HTTP/1.1.
+        HttpClient client = HttpClient.newBuilder().connectTimeout(o.timeout()).build();
         HttpRequest.Builder request = HttpRequest.newBuilder(endpoint).timeout(o.timeout())
                 .header("Content-Type", "application/json")
                 .header("Accept", o.stream() ? "text/event-stream" : "application/json")
