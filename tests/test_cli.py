@@ -342,3 +342,20 @@ def test_serve_jvm_without_jpype_is_a_one_line_install_hint() -> None:
     assert done.stderr.strip().splitlines() == [
         "java_bridge: JPype is not installed: pip install JPype1 (or the package's java extra: pip install -e "
         "'.[java]' in the smile-llm checkout)"]
+
+
+def test_chat_from_a_pipe_ends_its_last_prompt_line(chat_model: Path) -> None:
+    """Input that ends (a pipe, a file) ends the chat at the prompt, which then ends its line."""
+    done = subprocess.run([sys.executable, "-m", "smile_llm", "chat", "--model", str(chat_model),
+                           "--max-new-tokens", "4", "--temperature", "0"], input="hi\n", capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith("> \n") and done.stdout.count("> ") == 2, done.stdout
+
+
+def test_version_imports_neither_torch_nor_the_server() -> None:
+    code = ("import sys\nfrom smile_llm.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit:\n"
+            "    pass\nprint(sorted(m for m in ('torch', 'fastapi', 'numpy') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"smile-llm {cli.version()}", "[]"], done.stdout
