@@ -31,6 +31,9 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
 RESERVED_VARIABLES = ("messages", "add_generation_prompt")
 # a tokenizer_config.json larger than this is refused before it is parsed
 MAX_CONFIG_BYTES = 64 << 20
+# a template longer than this is refused before it is compiled (compiling takes about 20 us per
+# character of dense template on a slow core; real templates are at most a few tens of KiB)
+MAX_TEMPLATE_BYTES = 256 << 10
 
 
 class ChatTemplate:
@@ -44,6 +47,7 @@ class ChatTemplate:
         import jinja2
         from jinja2 import ext, nodes
 
+        from .chat_guards import check_strftime
         from .chat_sandbox import BoundedSandbox
 
         # HF's {% generation %} ... {% endgeneration %}: the body, rendered
@@ -63,10 +67,14 @@ class ChatTemplate:
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                               sort_keys=sort_keys)
 
+        def strftime_now(fmt: str) -> str:
+            check_strftime(self._env.budget(), fmt)
+            return datetime.now().strftime(fmt)
+
         self._env = BoundedSandbox(limits, filters={"tojson": tojson}, trim_blocks=True,
                                    lstrip_blocks=True, extensions=[Generation, ext.loopcontrols])
         self._env.globals["raise_exception"] = raise_exception
-        self._env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self._env.globals["strftime_now"] = strftime_now
         self.source, self.origin = source, origin
         self.special = dict(special or {})
         try:
@@ -87,25 +95,31 @@ class ChatTemplate:
     @classmethod
     def from_folder(cls, folder: Path) -> ChatTemplate | None:
         """The folder's template (see the module docstring), or None when it has none.
-        ChatTemplateError naming the file when ``tokenizer_config.json`` is not a JSON object, the
-        template is not UTF-8 text, or it does not compile."""
+        ChatTemplateError naming the file when ``tokenizer_config.json`` is not a JSON object (or
+        not JSON: nested too deeply, an integer too long), a special token in it is not a string,
+        the template is not UTF-8 text, is longer than ``MAX_TEMPLATE_BYTES`` or does not
+        compile."""
         config: dict[str, Any] = {}
         if (folder / CONFIG_FILE).is_file():
             config = _read_json_object(folder / CONFIG_FILE)
-        special = {name: _token_text(config[name]) for name in SPECIAL_TOKENS
-                   if config.get(name) is not None}
-        if (folder / TEMPLATE_FILE).is_file():
+        special = {name: _token_text(config[name], folder / CONFIG_FILE, name)
+                   for name in SPECIAL_TOKENS if config.get(name) is not None}
+        path = folder / TEMPLATE_FILE
+        if path.is_file():
+            _check_template_size(path.stat().st_size, path)
             try:
-                text = (folder / TEMPLATE_FILE).read_bytes().decode("utf-8")
+                text = path.read_bytes().decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise ChatTemplateError(f"{folder / TEMPLATE_FILE} is not UTF-8 text: "
-                                        f"{exc}") from None
-            return cls(text, special, str(folder / TEMPLATE_FILE))
+                raise ChatTemplateError(f"{path} is not UTF-8 text: {exc}") from None
+            return cls(text, special, str(path))
         source = config.get("chat_template")
-        if isinstance(source, list):  # named templates: the default one
-            named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
-            source = named.get("default")
+        if isinstance(source, list):  # named templates: the (last) default one, as HF reads them
+            named = [t.get("template") for t in source
+                     if isinstance(t, dict) and t.get("name") == "default"]
+            source = named[-1] if named else None
         if isinstance(source, str) and source:
+            _check_template_size(len(source.encode("utf-8", "surrogatepass")),
+                                 folder / CONFIG_FILE)
             return cls(source, special, str(folder / CONFIG_FILE))
         return None
 
@@ -174,10 +188,22 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _token_text(token: Any) -> str:
-    """A special token from ``tokenizer_config.json``: a string, or an AddedToken dict
-    with ``content``."""
-    return str(token.get("content", "")) if isinstance(token, dict) else str(token)
+def _token_text(token: Any, path: Path, name: str) -> str:
+    """A special token from ``tokenizer_config.json``: a string, or an AddedToken dict whose
+    ``content`` is one. ChatTemplateError naming the file and the field otherwise."""
+    text = token.get("content", "") if isinstance(token, dict) else token
+    if not isinstance(text, str):
+        raise ChatTemplateError(f"{path}: {name} must be a string or an AddedToken object with "
+                                f"a string 'content', got {type(text).__name__}")
+    return text
+
+
+def _check_template_size(size: int, path: Path) -> None:
+    """ChatTemplateError naming ``path`` when its template has more than ``MAX_TEMPLATE_BYTES``
+    bytes."""
+    if size > MAX_TEMPLATE_BYTES:
+        raise ChatTemplateError(f"{path} holds a chat template of {size} bytes; at most "
+                                f"{MAX_TEMPLATE_BYTES} are compiled (MAX_TEMPLATE_BYTES)")
 
 
 def _read_json_object(path: Path) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .config_fields import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN_SIZE, MAX_INTERMEDIATE_SIZE,
-                            MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB_SIZE, Fields)
+                            MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB_SIZE, Fields, shown)
 from .config_hybrid import (FULL_ATTENTION, HYBRID_FAMILIES, LINEAR_ATTENTION,
                             LinearAttentionConfig, MoeConfig,
                             read_hybrid_fields, unwrap_text_config)
@@ -121,8 +121,8 @@ class ModelConfig:
         f = Fields(text, "text_config." if text is not hf else "")
         model_type = f.string("model_type", "").lower()
         if model_type not in FAMILIES:
-            raise ConfigError(f"model_type {model_type!r} is not supported; use one of {FAMILIES}",
-                              field="model_type")
+            raise ConfigError(f"model_type {shown(model_type)} is not supported; use one of "
+                              f"{FAMILIES}", field="model_type")
         model_type = "qwen3_5" if model_type == "qwen3_5_text" else model_type
         hybrid = model_type in HYBRID_FAMILIES
         hidden = f.integer("hidden_size", low=1, high=MAX_HIDDEN_SIZE)
@@ -137,8 +137,8 @@ class ModelConfig:
         head_dim = _head_dim(f, hybrid, hidden, heads)
         act = f.string("hidden_act", "silu")
         if act != "silu":
-            raise f.error("hidden_act", f"hidden_act {act!r} is not supported for {model_type} "
-                                        "(only 'silu')")
+            raise f.error("hidden_act", f"hidden_act {shown(act)} is not supported for "
+                                        f"{model_type} (only 'silu')")
         mtp_layers = (f.optional_integer("mtp_num_hidden_layers", high=MAX_LAYERS)
                       or f.optional_integer("num_nextn_predict_layers", high=MAX_LAYERS) or 0)
         speculative = f.mapping("speculative_config")
@@ -231,7 +231,7 @@ def _rope_scaling(f: Fields) -> RopeScaling | None:
     if kind == "default":
         return None
     if kind != "llama3":
-        raise rope.error(key, f"{rope.name(key)} {kind!r} is not supported (only 'llama3')")
+        raise rope.error(key, f"{rope.name(key)} {shown(kind)} is not supported (only 'llama3')")
     low = rope.number("low_freq_factor", 1.0, above=0.0)
     high = rope.number("high_freq_factor", 4.0, above=0.0)
     if not high > low:

@@ -14,6 +14,7 @@ compared with it; each is far above any released model of the supported families
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,15 @@ MAX_EXPERTS = 1024  # num_experts (Qwen3-Next: 512)
 MAX_CONV_KERNEL = 64  # linear_conv_kernel_dim (released: 4)
 
 _MISSING: Any = object()
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 3, 80, 80, 40
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for an error message, cut short: long strings, numbers and lists elided,
+    nesting past three levels shown as ``[...]`` (a config value may be megabytes long or nested
+    thousands deep)."""
+    return _SHOWN.repr(value)
 
 
 class Fields:
@@ -70,7 +80,8 @@ class Fields:
         name = self.name(key)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(key,
-                             f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+                             f"{name} must be an integer, got {shown(value)} "
+                             f"({type(value).__name__})")
         if value < low:
             bound = "must be positive" if low == 1 else f"must be at least {low}"
             raise self.error(key, f"{name} {value} {bound}")
@@ -90,17 +101,18 @@ class Fields:
         name = self.name(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error(key,
-                             f"{name} must be a number, got {value!r} ({type(value).__name__})")
+                             f"{name} must be a number, got {shown(value)} "
+                             f"({type(value).__name__})")
         try:
             out = float(value)
         except OverflowError:
             out = math.inf
         if not math.isfinite(out):
-            raise self.error(key, f"{name} must be finite, got {value!r}")
+            raise self.error(key, f"{name} must be finite, got {shown(value)}")
         if above is not None and not out > above:
-            raise self.error(key, f"{name} {value!r} must be greater than {above:g}")
+            raise self.error(key, f"{name} {shown(value)} must be greater than {above:g}")
         if at_most is not None and out > at_most:
-            raise self.error(key, f"{name} {value!r} must be at most {at_most:g}")
+            raise self.error(key, f"{name} {shown(value)} must be at most {at_most:g}")
         return out
 
     def flag(self, key: str, default: bool) -> bool:
@@ -108,7 +120,7 @@ class Fields:
         included, is an error."""
         value = self._get(key, default)
         if not isinstance(value, bool):
-            raise self.error(key, f"{self.name(key)} must be true or false, got {value!r} "
+            raise self.error(key, f"{self.name(key)} must be true or false, got {shown(value)} "
                                   f"({type(value).__name__})")
         return value
 
@@ -119,9 +131,11 @@ class Fields:
         name = self.name(key)
         if not isinstance(value, str):
             raise self.error(key,
-                             f"{name} must be a string, got {value!r} ({type(value).__name__})")
+                             f"{name} must be a string, got {shown(value)} "
+                             f"({type(value).__name__})")
         if choices is not None and value not in choices:
-            raise self.error(key, f"{name} {value!r} is not supported; use one of {tuple(choices)}")
+            raise self.error(key, f"{name} {shown(value)} is not supported; use one of "
+                                  f"{tuple(choices)}")
         return value
 
     def int_list(self, key: str, *, low: int = 0, high: int,
@@ -133,7 +147,7 @@ class Fields:
         value = self.raw[key]
         name = self.name(key)
         if not isinstance(value, list):
-            raise self.error(key, f"{name} must be a list of integers, got {value!r} "
+            raise self.error(key, f"{name} must be a list of integers, got {shown(value)} "
                                   f"({type(value).__name__})")
         if len(value) > max_len:
             raise self.error(key, f"{name} has {len(value)} entries; at most {max_len} are allowed")
@@ -147,14 +161,15 @@ class Fields:
         value = self.raw[key]
         name = self.name(key)
         if not isinstance(value, list):
-            raise self.error(key, f"{name} must be a list of strings, got {value!r} "
+            raise self.error(key, f"{name} must be a list of strings, got {shown(value)} "
                                   f"({type(value).__name__})")
         if len(value) > max_len:
             raise self.error(key, f"{name} has {len(value)} entries; at most {max_len} are allowed")
         for i, v in enumerate(value):
             if not isinstance(v, str):
                 raise self.error(key,
-                                 f"{name}[{i}] must be a string, got {v!r} ({type(v).__name__})")
+                                 f"{name}[{i}] must be a string, got {shown(v)} "
+                                 f"({type(v).__name__})")
         return tuple(value)
 
     def mapping(self, key: str) -> Fields | None:
@@ -164,7 +179,7 @@ class Fields:
             return None
         value = self.raw[key]
         if not isinstance(value, Mapping):
-            raise self.error(key, f"{self.name(key)} must be an object, got {value!r} "
+            raise self.error(key, f"{self.name(key)} must be an object, got {shown(value)} "
                                   f"({type(value).__name__})")
         return Fields(value, f"{self.name(key)}.")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config_fields import (MAX_CONV_KERNEL, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS,
-                            MAX_INTERMEDIATE_SIZE, MAX_LAYERS, Fields)
+                            MAX_INTERMEDIATE_SIZE, MAX_LAYERS, Fields, shown)
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
 LINEAR_ATTENTION = "linear_attention"
@@ -130,8 +130,8 @@ def derive_layer_types(f: Fields, num_layers: int) -> tuple[str, ...]:
                      for i in range(num_layers))
     for i, t in enumerate(given):
         if t not in LAYER_TYPES:
-            raise f.error("layer_types", f"layer_types[{i}] is {t!r}: unknown layer type; use one "
-                                         f"of {LAYER_TYPES}")
+            raise f.error("layer_types", f"layer_types[{i}] is {shown(t)}: unknown layer type; "
+                                         f"use one of {LAYER_TYPES}")
     if len(given) != num_layers:
         raise f.error("layer_types", f"layer_types has {len(given)} entries but num_hidden_layers "
                                      f"is {num_layers}")

@@ -205,6 +205,85 @@ def test_a_config_json_that_is_not_an_object_names_the_file(tmp_path: Path, text
     assert info.value.path == tmp_path / "config.json"
 
 
+DEEP = "[" * 100_000 + "]" * 100_000  # json.loads: RecursionError
+NESTED = "[" * 950 + "]" * 950  # parses, but its repr in an error message recursed as deep again
+HUGE = "1" * 5000  # json.loads: ValueError, not JSONDecodeError (Python reads at most 4300 digits)
+
+
+def config_text(field: str, raw: str) -> str:
+    """``config.json``'s text with ``field`` set to the raw JSON ``raw``."""
+    return json.dumps(config(**{field: 0}))[:-1].replace(f'"{field}": 0', f'"{field}": {raw}') + "}"
+
+
+@pytest.mark.parametrize("name, text, error, words", [
+    ("config.json", config_text("extra", DEEP), ConfigError, "config.json: is not valid JSON: it nests"),
+    ("config.json", config_text("extra", HUGE), ConfigError, "holds an integer of more digits than Python reads"),
+    ("config.json", config_text("num_hidden_layers", HUGE), ConfigError, "integer of more digits"),
+    ("config.json", config_text("num_hidden_layers", NESTED), ConfigError,
+     "num_hidden_layers must be an integer, got [[[[...]]]] (list)"),
+    ("config.json", config_text("rope_scaling", '{"rope_type": ' + NESTED + "}"), ConfigError,
+     "rope_scaling.rope_type must be a string, got [[[[...]]]]"),
+    ("config.json", config_text("model_type", json.dumps("q" * 1_000_000)), ConfigError, "'qqqqq"),
+    ("tokenizer_config.json", '{"x": ' + DEEP + "}", ChatTemplateError, "tokenizer_config.json is not valid JSON"),
+    ("tokenizer_config.json", '{"x": ' + HUGE + "}", ChatTemplateError, "integer of more digits"),
+    ("tokenizer_config.json", '{"eos_token": ' + NESTED + "}", ChatTemplateError,
+     "eos_token must be a string or an AddedToken object"),
+    ("tokenizer_config.json", '{"bos_token": {"content": 5}}', ChatTemplateError, "bos_token must be a string"),
+    ("model.safetensors.index.json", '{"weight_map": ' + DEEP + "}", CheckpointError, "it nests"),
+    ("model.safetensors.index.json", '{"weight_map": {"a": "model.safetensors"}, "n": ' + HUGE + "}", CheckpointError,
+     "integer of more digits"),
+    ("tokenizer.json", '{"x": ' + DEEP + "}", TokenizerError, "tokenizer.json"),
+    ("tokenizer.json", '{"version": "1.0", "x": ' + HUGE + "}", TokenizerError, "tokenizer.json"),
+    ("chat_template.jinja", "{{ " + "(" * 100_000 + "1" + ")" * 100_000 + " }}", ChatTemplateError, "does not compile"),
+    ("chat_template.jinja", "{{ " + "[" * 5000 + "]" * 5000 + " }}", ChatTemplateError, "does not compile"),
+    ("chat_template.jinja", "{{ " + HUGE + " }}", ChatTemplateError, "does not compile"),
+    ("chat_template.jinja", "{{ x }}" * 100_000, ChatTemplateError, "at most 262144 are compiled"),
+])
+def test_deep_nesting_and_huge_integers_in_any_file_are_typed_errors(
+        tmp_path: Path, name: str, text: str, error: type[Exception], words: str) -> None:
+    """Every JSON or text file of the folder that loading reads: nesting too deep for ``json.loads`` (or for the repr
+    of an error message), integers longer than Python reads and oversized templates fail to load with the file's
+    typed error (a ValueError), not a RecursionError or a plain ValueError."""
+    pytest.importorskip("jinja2")
+    pytest.importorskip("tokenizers")
+    folder = write_checkpoint(tmp_path / "m", config(vocab_size=257, eos_token_id=256))
+    (folder / name).write_text(text)
+    start = time.monotonic()
+    with pytest.raises(error) as info:
+        load(folder)
+    assert words in str(info.value) and name in str(info.value) and isinstance(info.value, ValueError)
+    assert len(str(info.value)) < 1000 and time.monotonic() - start < 30
+
+
+def test_named_templates_with_odd_names_are_skipped(tmp_path: Path) -> None:
+    pytest.importorskip("jinja2")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": [
+        {"name": [1], "template": "list"}, {"name": "default", "template": "first"}, "junk",
+        {"name": "default", "template": "{{ messages[0].content }}"}]}))
+    template = ChatTemplate.from_folder(tmp_path)
+    assert template is not None and template.render(MESSAGES) == "hi"
+
+
+def test_the_cli_refuses_a_deeply_nested_config_in_one_line(tmp_path: Path) -> None:
+    """``smile-llm generate --model DIR`` (and ``serve``, which checks the folder the same way): exit code 2 and one
+    line on stderr, no traceback."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"a": ' + DEEP + "}")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK")}
+    out = subprocess.run([sys.executable, "-m", "smile_llm", "generate", "--model", str(folder), "--prompt", "hi"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert "config.json is not valid JSON (it nests arrays or objects too deeply)" in out.stderr
+    (folder / "config.json").write_text('{"a": ' + HUGE + "}")
+    assert "config.json is not valid JSON (it holds an integer" in \
+        subprocess.run([sys.executable, "-m", "smile_llm", "generate", "--model", str(folder), "--prompt", "hi"],
+                       capture_output=True, text=True, timeout=300, env=env).stderr
+
+
 # ---------------------------------------------------------------------------------------------- config vs headers
 @pytest.mark.parametrize("overrides, field, words", [
     ({"num_hidden_layers": 3}, "num_hidden_layers", "num_hidden_layers 3 but the checkpoint holds decoder layers 0-1"),
@@ -500,7 +579,7 @@ def test_render_failures_are_typed_and_name_the_template(source: str, words: str
     ("{% set ns = namespace(l=['x']) %}{% for i in range(60) %}{% set ns.l = ns.l + ns.l %}{% endfor %}",
      "the result of +"),
     ("{% set ns = namespace(l='x') %}{% for i in range(60) %}{% set ns.l = [ns.l, ns.l] %}{% endfor %}{{ ns.l }}",
-     "an output value"),
+     "a list the template builds"),
     ("{{ 'x'|center(10**10) }}", "center filter's width"),
     ("{{ 'x'.ljust(10**10) }}", "str.ljust's width"),
     ("{{ 'x'.zfill(10**10) }}", "str.zfill's width"),
@@ -510,8 +589,8 @@ def test_render_failures_are_typed_and_name_the_template(source: str, words: str
     ("{{ '%10000000000d' % 1 }}", "% format's width"),
     ("{{ '%*d' % (10**10, 1) }}", "* width"),
     ("{{ '%s'|format('x' * 9999) ~ 'x' * 9999 }}", "MAX_RENDER_CHARS"),
-    ("{{ ['x' * 5000, 'y' * 5000, 'z']|join('-' * 100) }}", "the result of join"),
-    ("{{ '-'.join(['x' * 5000, 'y' * 5000]) }}", "the result of join"),
+    ("{{ ['x' * 4000, 'y' * 4000, 'z']|join('-' * 2000) }}", "the result of join"),
+    ("{{ ('-' * 300).join(['x' * 4900, 'y' * 4900]) }}", "the result of join"),
     ("{{ ('x' * 5000)|replace('', 'yy') }}", "the result of replace"),
     ("{{ ('x' * 5000).replace('x', 'yyy') }}", "the result of replace"),
     ("{{ ('a\nb\n' * 1000)|indent(100) }}", "the result of the indent filter"),
@@ -565,6 +644,123 @@ def test_the_default_limits_are_the_documented_constants() -> None:
         assert time.monotonic() - start < 1
     with pytest.raises(ValueError, match="must be positive"):
         RenderLimits(seconds=0)
+
+
+# Every operation a template can reach whose cost is superlinear or large at the size limit: none may run past the
+# deadline by more than one short step. The sizes make each take seconds to minutes without its check (wordwrap and
+# urlize are quadratic, nested lists exponential, a round to -10**9 digits never ends); the budget is small.
+STEP = RenderLimits(seconds=0.5, chars=1 << 20, range=100_000, depth=8)
+HOSTILE = {
+    "wordwrap(1) of a long word": "{{ ('a' * 1000000)|wordwrap(1)|length }}",
+    "wordwrap of dashes": "{{ ('-' * 1000000)|wordwrap(5)|length }}",
+    "wordwrap with a long wrapstring": "{{ ('a' * 20000)|wordwrap(1, wrapstring='x' * 20000)|length }}",
+    "urlize of a run of dots": "{{ ('.' * 20000 ~ 'x.')|urlize|length }}",
+    "urlize with a long target": "{{ ('a.com ' * 100000)|urlize(target='x' * 1000)|length }}",
+    "sort": "{{ ('a' * 300000)|list|sort|length }}",
+    "sort by attribute": "{{ ([{'k': 'x'}] * 60000)|sort(attribute='k')|length }}",
+    "dictsort": "{{ dict.fromkeys(range(100000))|dictsort|length }}",
+    "groupby": "{{ ([{'k': 'x'}] * 60000)|groupby('k')|length }}",
+    "sum of lists": "{{ ([[1]] * 100000)|sum(start=[])|length }}",
+    "str.strip of a long set": "{{ ('a' * 1000000).strip('b' * 500000 ~ 'a')|length }}",
+    "trim of a long set": "{{ ('a' * 1000000)|trim('b' * 500000 ~ 'a')|length }}",
+    "compare shared nested lists": "{% set ns = namespace(a=[1], b=[1]) %}{% for i in range(40) %}"
+                                   "{% set ns.a = [ns.a, ns.a] %}{% set ns.b = [ns.b, ns.b] %}{% endfor %}"
+                                   "{{ ns.a == ns.b }}",
+    "compare lists a lazy filter filled": "{% set x = range(100000)|list %}"
+                                          "{{ (range(50000)|map(attribute='k', default=x)|list) == "
+                                          "(range(50000)|map(attribute='k', default=x[:])|list) }}",
+    "compare what *args collected": "{% set x = range(100000)|list %}"
+                                    "{% set a = cycler(*(range(50000)|map(attribute='k', default=x))) %}"
+                                    "{% set b = cycler(*(range(50000)|map(attribute='k', default=x[:]))) %}"
+                                    "{{ a.items == b.items }}",
+    "pprint of nested lists": "{% set ns = namespace(l=range(50000)|list) %}{% for i in range(300) %}"
+                              "{% set ns.l = [ns.l] %}{% endfor %}{{ ns.l|pprint|length }}",
+    "round to -10**9 digits": "{{ 1|round(-10**9) }}",
+    "round up to 10**9 digits": "{{ 1.5|round(10**9, 'ceil') }}",
+    "long integers divided": "{% set x = ('f' * 1000000)|int(base=16) %}"
+                             "{% set y = (0).from_bytes(('f' * 500000).encode(), 'big') %}{{ x // y }}",
+    "bytes repeated": "{{ ('x'.encode() * 10**10)|length }}",
+    "bytes.center": "{{ 'x'.encode().center(10**10)|length }}",
+    "bytes % with a width": "{{ ('%10000000000d'.encode() % 1)|length }}",
+    "int.to_bytes": "{{ (1).to_bytes(10**10, 'big')|length }}",
+    "Markup.center": "{{ ('x'|escape).center(10**10)|length }}",
+    "str.translate to long strings": "{{ ('a' * 100000).translate({97: 'b' * 100000})|length }}",
+    "forceescape, three times": "{{ ('&' * 200000)|forceescape|forceescape|forceescape|length }}",
+    "str.format of many fields": "{{ ('{0}' * 300000).format(1)|length }}",
+    "str.join of a dict's keys": "{{ ('x' * 10000).join(dict.fromkeys(range(100000)))|length }}",
+    "str.encode to punycode": "{{ ('\u0101\u0113' * 100000).encode('punycode')|length }}",
+}
+
+
+@pytest.mark.parametrize("source", HOSTILE.values(), ids=HOSTILE.keys())
+def test_no_single_operation_outlives_the_render_budget(source: str) -> None:
+    """Refused before it starts (its size or its estimated time) or stopped at the deadline, never later than the
+    budget plus one short step (here: twice the budget, plus a margin for a loaded machine)."""
+    start = time.monotonic()
+    with pytest.raises(RenderBudgetError, match="hostile.jinja"):
+        render(source, STEP)
+    assert time.monotonic() - start < 2 * STEP.seconds + 1.5
+
+
+BIG = "a" * (4 << 20)  # the largest user message the server takes
+
+
+@pytest.mark.parametrize("source, content", [
+    ("{{ messages[0].content|wordwrap(1) }}", BIG),
+    ("{{ messages[0].content|wordwrap(79) }}", "x-" * (2 << 20)),
+    ("{{ messages[0].content|urlize }}", "." * (4 << 20) + "x."),
+    ("{{ messages[0].content.strip('b' * 100000 ~ 'a') }}", BIG),
+    ("{{ messages[0].content|list|sort|join }}", BIG[: 2 << 20]),
+    ("{{ messages[0].content|title }}", "a " * (2 << 20)),
+])
+def test_filters_on_a_large_message_stay_within_the_budget(source: str, content: str) -> None:
+    """A message of up to 4 MiB reaches the template as a variable: a real template's filter on it is bounded."""
+    pytest.importorskip("jinja2")
+    limits = RenderLimits(seconds=0.5)
+    start = time.monotonic()
+    with pytest.raises(RenderBudgetError):
+        ChatTemplate(source, limits=limits).render([{"role": "user", "content": content}])
+    assert time.monotonic() - start < 2 * limits.seconds + 1.5
+
+
+def test_a_thread_pool_of_hostile_renders_is_free_again_within_the_budget() -> None:
+    """Six renders of the wordwrap reproduction fill a pool of four threads; each ends at its deadline, and the pool
+    then serves an ordinary render (before, each ran for minutes and the pool stayed full)."""
+    pytest.importorskip("jinja2")
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    limits = RenderLimits(seconds=0.5)
+    hostile = ChatTemplate("{{ ('a' * 2000000)|wordwrap(1) }}", limits=limits)
+    ordinary = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}", limits=limits)
+    pool = ThreadPoolExecutor(max_workers=4)
+    try:
+        start = time.monotonic()
+        futures = [pool.submit(hostile.render, MESSAGES) for _ in range(6)]
+        done, pending = wait(futures, timeout=2 * (2 * limits.seconds) + 3)
+        assert not pending
+        assert all(isinstance(f.exception(), RenderBudgetError) for f in futures)
+        assert pool.submit(ordinary.render, MESSAGES).result(timeout=5) == "hi"
+        assert time.monotonic() - start < 2 * (2 * limits.seconds) + 3
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def test_the_profile_function_is_restored_after_a_render() -> None:
+    """The render's deadline check borrows the thread's profile function and gives it back, also when it fires."""
+    import sys
+
+    def mine(frame: Any, event: str, arg: Any) -> None:
+        return None
+
+    sys.setprofile(mine)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RenderBudgetError, match="time budget"):
+            render("{{ ('a' * 1000000)|wordwrap(1) }}", STEP)
+        assert time.monotonic() - start < 2 * STEP.seconds + 1.5 and sys.getprofile() is mine
+        assert render("{{ 'x'|upper }}") == "X" and sys.getprofile() is mine
+    finally:
+        sys.setprofile(None)
 
 
 def test_a_template_that_does_not_parse_is_a_typed_error() -> None:
@@ -634,6 +830,42 @@ def test_templates_within_the_limits_render_as_in_the_plain_sandbox(variables: d
                                                eos_token="</s>", **variables)
     got = ChatTemplate(QWEN_LIKE, {"eos_token": "</s>"}).render(CONVERSATION, True, tools, **variables)
     assert got == want and "<tool_call>weather(city=\"Paris\", days=2)C1/1 1:   1" in got
+
+
+EVERY_FILTER = """{%- set d = {'b': 2, 'A': 1, 'c': 0} %}{% set e = {'c': [1, (2, 3)], 'b': 'q'} %}
+{% set people = [{'n': 'x', 'a': 3}, {'n': 'Y', 'a': 1},{'n': 'z', 'a': 3}] %}{% macro m(x, y=(1, 2)) %}{{ x }}
+{{ y }}{{ varargs }}{% endmacro %}{{ m(1) }}{{ m(*[1, 2, 3]) }}{{ d|dictsort }}
+{{ d|dictsort(true, 'value', true) }}{{ people|sort(attribute='a,n') }}{{ people|groupby('a') }}
+{{ people|map(attribute='n')|join('|') }}{{ people|selectattr('a', 'gt', 1)|list }}
+{{ people|rejectattr('n', 'lower')|list }}{{ people|unique(attribute='a')|list }}{{ people|min(attribute='n') }}
+{{ people|max(attribute='a') }}{{ people|sum(attribute='a') }}{{ [[1], [2]]|sum(start=[]) }}
+{{ range(7)|batch(3, 'x')|list }}{{ range(7)|slice(3)|list }}{{ 'a b'|wordwrap(1) }}
+|{{ ('x' * 30 + ' y ' * 30)|wordwrap(10, wrapstring='/') }}
+{{ 'see www.x.com, (https://y.org). a@b.co'|urlize(20, true, '_blank') }}{{ "it's  <b>a</b>"|striptags|title }}
+{{ 'abc'|center(9) }}{{ '%s-%d'|format('a', 3) }}{{ 'aXbX'|replace('X', '--', 1) }}{{ 'a\nb'|indent(2, true) }}
+{{ ' x '|trim }}{{ 'xxyxx'|trim('x') }}{{ 3.14159|round(2) }}{{ 2.5|round(0, 'floor') }}{{ 'ff'|int(base=16) }}
+{{ {'q': 'a b', 'r': 1}|urlencode }}{{ {'k': 'v', 'n': none}|xmlattr }}{{ [3, 1, 2]|sort(reverse=true) }}
+{{ 'abc'|list }}{{ e|tojson(indent=1, sort_keys=true) }}{{ e|pprint }}{{ 12345678|filesizeformat }}
+{{ 'a b c'|wordcount }}{{ 'héllo'|truncate(4, true, '') }}{{ [1, 2]|reverse|list }}{{ 'abc'|reverse }}
+{{ (1, 2) + (3,) }}{{ [0] * 3 }}{{ 2 ** 10 }}{{ 7 - 10 }}{{ 'x' ~ 1 ~ none }}{{ ('{:>5}|{}'.format(1, 'b')) }}
+{{ '%5s' % 'q' }}{{ 'a,b'.split(',') }}{{ ' x '.strip() }}{{ 'abc'.encode().hex() }}
+{{ (65).to_bytes(1, 'big') }}{{ 'ab'.translate({97: 'zz'}) }}{{ dict(a=1, b=[2]) }}{% for k, v in e.items() %}
+{{ loop.cycle('o', 'e') }}{{ k }}{{ v }}{{ loop.length }}{% endfor %}
+{%- for p in people|sort(attribute='n', case_sensitive=true) recursive %}{{ p.n }}{% endfor %}
+{{ lipsum(1, false, 3, 4)|length > 0 }}"""
+
+
+def test_every_filter_renders_as_in_the_plain_sandbox() -> None:
+    """The checks change no result within the limits: filters, methods, operators, displays and macros."""
+    pytest.importorskip("jinja2")
+    from jinja2 import ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    plain = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[ext.loopcontrols])
+    plain.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: \
+        json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    want = plain.from_string(EVERY_FILTER).render(messages=MESSAGES)
+    assert ChatTemplate(EVERY_FILTER).render(MESSAGES) == want and "www.x.com</a>" in want
 
 
 def test_variables_may_override_the_special_tokens() -> None:
