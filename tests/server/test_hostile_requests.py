@@ -8,14 +8,19 @@ is now a 4xx OpenAI error object naming the field (or a closed connection), and 
   after ``header_timeout_s``), a ``Content-Length`` larger than the body (408 after ``body_timeout_s``), more
   connections than ``max_connections`` (503, closed);
 - a client that leaves a non-streaming request (n=4, long) cancels it within a step; a client that leaves a stream
-  has every token it was sent counted in ``smile_llm_generation_tokens_total``."""
+  has every token it was sent counted in ``smile_llm_generation_tokens_total``;
+- six requests whose content a checkpoint's template wraps with ``wordwrap(1)`` (quadratic, once minutes each, and
+  six filled the server's thread pool) each end within the render budget as a 400, while the server answers."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -194,3 +199,38 @@ def test_a_left_stream_counts_the_tokens_it_was_sent(live: LiveServer, chat_mode
     wait_unbound(chat_model, timeout=10)
     counted = generated_total(live) - before
     assert counted >= sent, (counted, sent)  # every token sent is counted (and those in flight at the close)
+
+
+def test_hostile_renders_end_within_the_budget_while_the_server_answers(tmp_path: Path) -> None:
+    from smile_llm.models.chat_limits import MAX_RENDER_SECONDS
+    from smile_llm.models.shipped import DEFAULT_MODEL_DIRS
+
+    folder = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL_DIRS["dense"], folder)
+    (folder / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content|wordwrap(1) }}{% endfor %}")
+    model = LanguageModel.from_pretrained(folder, max_batch_size=2, max_seq_len=256)
+    server = LiveServer(create_app(model, ServerSettings(model_name="t")))
+    try:
+        body = json.dumps({"messages": [{"role": "user", "content": "a" * 2_000_000}], "max_tokens": 2})
+        answers: list[Any] = []
+
+        def hostile() -> None:
+            t0 = time.monotonic()
+            r = post(server, CHAT, body)
+            answers.append((r.status_code, r.json()["error"]["param"], time.monotonic() - t0))
+
+        threads = [threading.Thread(target=hostile) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # the event loop answers
+        for t in threads:
+            t.join(120)
+        assert [a[:2] for a in answers] == [(400, "messages")] * 6, answers
+        # each within the budget, with a wide margin for six renders sharing two cores
+        assert max(a[2] for a in answers) < 4 * MAX_RENDER_SECONDS, answers
+        fine = post(server, "/tokenize", json.dumps({"prompt": "hi"}))
+        assert fine.status_code == 200
+    finally:
+        server.stop()
+        model.close()
