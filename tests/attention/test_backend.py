@@ -62,7 +62,7 @@ def test_flashinfer_backend_refuses_a_cpu_device_before_touching_flashinfer(monk
 
 def test_missing_flashinfer_raises_import_error_with_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "flashinfer", None)
-    with pytest.raises(ImportError, match=r"pip install -e '\.\[gpu\]' in the smile-llm checkout") as info:
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[gpu\]'` in the smile-llm checkout") as info:
         import_flashinfer()
     assert "flashinfer-python" in str(info.value) and str(info.value) == INSTALL_HINT
     assert not fi_backend.flashinfer_available()
