@@ -112,7 +112,7 @@ def test_the_serve_run_config_deploys(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            proc.wait(120)
+            proc.wait(240)  # Serve deletes the application, each replica drains, then Ray stops (slow under load)
         finally:
             if proc.poll() is None:
                 proc.kill()
