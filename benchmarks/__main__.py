@@ -25,7 +25,7 @@ SCRIPTS = ["cache_trace", "put_get_throughput", "step_bookkeeping", "reference_a
            "speculative", "shared_prefix", "chat_reuse", "memory", "java_bridge", "realistic_size",
            "concurrent_generate", "decode_step", "java_serving", "deltanet_ops", "hybrid_generate",
            "hybrid_chat_ttft", "tensor_parallel", "sampling_cost", "kv_dtype", "n_samples", "draft_model",
-           "structured"]
+           "structured", "segment_splice"]
 OUT_ARG = {"speculative", "shared_prefix", "chat_reuse"}  # scripts that save files under --out
 QUICK_ARGS = {"speculative": ["--prompts", "2", "--new", "60", "--repeats", "1", "--ks", "3", "--draft-kv", "history"]}
 

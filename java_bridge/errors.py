@@ -7,7 +7,7 @@ public method.
 | ``KvCacheExhaustedError`` | ``smile.llm.cache.KvCacheExhaustedException`` (an
   ``IllegalStateException``) |
 | ``GenerationCancelled`` | ``java.util.concurrent.CancellationException`` |
-| ``ValueError``, ``TypeError`` | ``IllegalArgumentException`` |
+| ``ValueError``, ``TypeError``, ``LayerNotHeldError`` | ``IllegalArgumentException`` |
 | other ``RuntimeError`` (closed pool, no active step, corruption) | ``IllegalStateException`` |
 | anything else | ``smile.llm.python.PythonException`` with the Python type and traceback |
 
@@ -50,7 +50,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from smile_llm import KvCacheExhaustedError
+from smile_llm import KvCacheExhaustedError, LayerNotHeldError
 from smile_llm import GenerationCancelled
 
 T = TypeVar("T")
@@ -81,7 +81,7 @@ def to_java(exc: BaseException) -> BaseException:
         return jpype.JClass("smile.llm.cache.KvCacheExhaustedException")(msg)
     if isinstance(exc, GenerationCancelled):
         return jpype.JClass("java.util.concurrent.CancellationException")(msg)
-    if isinstance(exc, (ValueError, TypeError)):
+    if isinstance(exc, (ValueError, TypeError, LayerNotHeldError)):
         return jpype.JClass("java.lang.IllegalArgumentException")(msg)
     if isinstance(exc, RuntimeError):
         return jpype.JClass("java.lang.IllegalStateException")(msg)

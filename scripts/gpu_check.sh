@@ -9,10 +9,14 @@
 #                reference, one warning each, and generate the CPU's tokens
 #   graphs       tests/serving/test_cuda_graphs_cuda.py: CUDA-graph capture and replay on a real model
 #   draft-chain  the cuda test of tests/speculative/test_draft_chain.py
+#   packed-kv    tests/cache/test_pool_packed_cuda.py: low-bit KV pages quantized and decoded on the GPU, read as
+#                float32 and bfloat16 views, against the float64 oracle; a model on nvfp4 KV
 #   fla-core     tests/models/test_deltanet_ops_cuda.py and tests/models/test_hybrid_cuda.py (needs transformers for
 #                its fixtures): fla-core's Triton kernels, with autotuning narrowed to SMILE_FLA_AUTOTUNE_CONFIGS
 #                configurations per kernel (instead of up to 60, each compiled, per shape and dtype)
 #   tensor-parallel  with two GPUs or more: benchmarks/tensor_parallel.py --device cuda --quick
+#   gpu-vs-hf    benchmarks/gpu_vs_hf.py --device cuda in what the budget leaves: a Qwen3-0.6B-shaped model, ours
+#                against transformers; $OUT/gpu_vs_hf.json keeps every figure measured, the row its headline
 #
 # After each step its row (step, passed / failed / timeout / skipped / not run, seconds, test counts) is appended to
 # $OUT/gpu_check_table.txt and the whole table printed, so a run cut short still reports what ran. Without a CUDA
@@ -308,6 +312,7 @@ run_step token-tree 90 tests/attention/test_token_tree_cuda.py \
 run_step head-dim-32 90 tests/attention/test_head_dim_fallback_cuda.py
 run_step graphs 120 tests/serving/test_cuda_graphs_cuda.py
 run_step draft-chain 60 tests/speculative/test_draft_chain.py
+run_step packed-kv 90 tests/cache/test_pool_packed_cuda.py
 
 # fla-core autotunes its Triton kernels over up to 60 configurations each (per shape and dtype), every one compiled
 # (seconds apiece); a pytest plugin, loaded before fla, keeps SMILE_FLA_AUTOTUNE_CONFIGS of them per kernel: the
@@ -379,6 +384,33 @@ if (( gpus >= 2 )); then
   fi
 else
   record tensor-parallel skipped 0 "$gpus GPU; it needs two"
+fi
+
+# ------------------------------------------------------------------------------------------- gpu-vs-hf
+# The benchmark last, in what the budget leaves: it skips what would not end in time (its JSON lists it, exit 124)
+# and writes each figure to $OUT/gpu_vs_hf.json as it is measured, so a run cut short keeps what ran.
+if (( ! CUDA )); then
+  record gpu-vs-hf skipped 0 "no CUDA device"
+else
+  bench_limit=$(left)
+  if (( bench_limit >= 60 )); then
+    say "gpu-vs-hf: benchmarks/gpu_vs_hf.py --device cuda (at most ${bench_limit} s; log $report_dir/gpu-vs-hf.log)"
+    start=$SECONDS
+    set +e
+    timeout --signal=INT --kill-after=10 "$bench_limit" "$PY" benchmarks/gpu_vs_hf.py --device cuda \
+      --budget $(( bench_limit - 25 )) --out "$report_dir/gpu_vs_hf.json" 2>&1 | tee "$report_dir/gpu-vs-hf.log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    headline=$(sed -n 's/^headline: //p' "$report_dir/gpu-vs-hf.log" | tail -n 1)
+    case $rc in
+      0) record gpu-vs-hf passed $(( SECONDS - start )) "$headline" ;;
+      124 | 137) record gpu-vs-hf timeout $(( SECONDS - start )) \
+        "${headline:-cut short}; gpu_vs_hf.json holds what ran" ;;
+      *) record gpu-vs-hf failed $(( SECONDS - start )) "exit $rc (gpu-vs-hf.log; gpu_vs_hf.json holds what ran)" ;;
+    esac
+  else
+    record gpu-vs-hf "not run" 0 "no time left in the budget"
+  fi
 fi
 
 # ------------------------------------------------------------------------------------------- verdict

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         KvCacheExhaustedError,
         KvCacheLayout,
         KvCachePool,
+        LayerNotHeldError,
         NoActiveStepError,
         PoolClosedError,
         RadixCache,
@@ -44,10 +45,13 @@ if TYPE_CHECKING:
         EngineShutdownError,
         RenderBudgetError,
         RequestTypeError,
+        SegmentError,
+        SegmentUnsupportedError,
         TokenizerError,
     )
     from .serving.request import AUTO, RequestHandle, SamplingParams
     from .serving.sample_group import SampleGroup
+    from .serving.segments import Segment
     from .serving.streaming import StreamChunk, TokenStream
 
 __version__ = "0.1.0"
@@ -71,6 +75,7 @@ _SOURCES = {
     "KvCacheExhaustedError": ".cache",
     "KvCacheLayout": ".cache",
     "KvCachePool": ".cache",
+    "LayerNotHeldError": ".cache",
     "LanguageModel": ".language_model",
     "LockstepError": ".distributed.lockstep",
     "ModelConfig": ".models.config",
@@ -84,6 +89,9 @@ _SOURCES = {
     "RequestTypeError": ".errors",
     "SampleGroup": ".serving.sample_group",
     "SamplingParams": ".serving.request",
+    "Segment": ".serving.segments",
+    "SegmentError": ".errors",
+    "SegmentUnsupportedError": ".errors",
     "StreamChunk": ".serving.streaming",
     "TokenStream": ".serving.streaming",
     "TokenizerError": ".errors",

@@ -13,8 +13,8 @@ Contracts shared by the sub-commands:
   affinity), shared among the ranks of a ``torchrun`` job on the machine. The stats lines print the
   count.
 - Under ``torchrun`` (``WORLD_SIZE`` set), ``generate``, ``demo`` and ``chat`` split the model over
-  the job's ranks (``--tensor-parallel`` defaults to the world size): rank 0 prints, the other ranks
-  follow it silently.
+  the job's ranks (``--tensor-parallel`` defaults to the world size, divided by
+  ``--pipeline-parallel`` stages when given): rank 0 prints, the other ranks follow it silently.
 """
 
 from __future__ import annotations
@@ -105,10 +105,11 @@ class _Printer:
 
 
 def _tensor_parallel(args: argparse.Namespace) -> int:
-    """``--tensor-parallel``, or under torchrun (``WORLD_SIZE`` set) the job's world size,
-    else 1."""
+    """``--tensor-parallel``, or under torchrun (``WORLD_SIZE`` set) the job's world size over the
+    ``--pipeline-parallel`` stages, else 1."""
     given = getattr(args, "tensor_parallel", None)
-    return given if given is not None else (env.world_size() or 1)
+    stages = getattr(args, "pipeline_parallel", 1)
+    return given if given is not None else max(1, (env.world_size() or 1) // stages)
 
 
 def _load(args: argparse.Namespace) -> Any:
@@ -118,14 +119,17 @@ def _load(args: argparse.Namespace) -> Any:
     from .language_model import LanguageModel
 
     tensor_parallel = _tensor_parallel(args)
+    stages = getattr(args, "pipeline_parallel", 1)
     if args.model is not None:
         problem = model_folder_problem(args.model)
         if problem is not None:
             raise CommandError(problem)
     try:
         if args.model is None:
-            return LanguageModel.default(kind=args.kind, tensor_parallel=tensor_parallel)
-        return LanguageModel.from_pretrained(args.model, tensor_parallel=tensor_parallel)
+            return LanguageModel.default(kind=args.kind, tensor_parallel=tensor_parallel,
+                                         pipeline_parallel=stages)
+        return LanguageModel.from_pretrained(args.model, tensor_parallel=tensor_parallel,
+                                             pipeline_parallel=stages)
     except Exception as exc:  # whatever the checkpoint's files provoke: one line, no traceback
         raise CommandError(load_error(args.model, exc, args.kind)) from None
 
@@ -300,6 +304,28 @@ def cmd_cache_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_kv_diff(args: argparse.Namespace) -> int:
+    """``smile-llm kv-diff``: run ``--prompt`` warm (``--prefix``, default the prompt, cached by a
+    request before it) and cold, compare their KV fingerprints (``serving.kv_diff``) and print
+    where they first differ or that they agree. Returns 0 when they agree, 1 when they differ;
+    CommandError for bad input (a prefix the warm request does not reuse included)."""
+    from .serving.kv_diff import kv_diff
+
+    def unescape(text: str | None) -> str | None:
+        return None if text is None else text.replace("\\n", "\n").replace("\\t", "\t")
+
+    def run(lm: Any) -> int:
+        try:
+            report = kv_diff(lm, unescape(args.prompt) or "", unescape(args.prefix),
+                             slack=args.slack)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        print(report.describe())
+        return 0 if report.agree else 1
+
+    return _with_model(args, run)
+
+
 def cmd_spec_lab(args: argparse.Namespace) -> int:
     """``smile-llm spec-lab``: compare drafters and draft counts on a workload against plain
     decoding (``smile_llm.lab``). Returns 0, 1 when a configuration is not lossless, 2 for bad input
@@ -335,9 +361,9 @@ def add_threads_option(parser: argparse.ArgumentParser, default: int | None = No
 
 
 def _model_options(parser: argparse.ArgumentParser, model_help: str,
-                   tensor_parallel: bool = True) -> None:
-    """``--model``, ``--kind``, ``--tensor-parallel`` (when the command can split its model) and
-    ``--threads``."""
+                   tensor_parallel: bool = True, pipeline_parallel: bool = False) -> None:
+    """``--model``, ``--kind``, ``--tensor-parallel`` (when the command can split its model),
+    ``--pipeline-parallel`` (when it can split it in stages) and ``--threads``."""
     parser.add_argument("--model", metavar="DIR", help=model_help)
     parser.add_argument("--kind", choices=("dense", "hybrid"), default="dense",
                         help="which shipped model, without --model")
@@ -345,6 +371,10 @@ def _model_options(parser: argparse.ArgumentParser, model_help: str,
         parser.add_argument("--tensor-parallel", type=_positive_int, default=None, metavar="N",
                             help="split the model over N ranks, one process each (default: "
                                  "torchrun's world size under torchrun, else 1)")
+    if pipeline_parallel:
+        parser.add_argument("--pipeline-parallel", type=_positive_int, default=1, metavar="N",
+                            help="split the model's layers into N stages of --tensor-parallel "
+                                 "ranks each (docs/pipeline_parallel.md; default 1)")
     add_threads_option(parser)
 
 
@@ -429,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate text (the embedded default model unless "
                                           "--model)")
     gen.add_argument("--prompt", required=True, help="prompt text (\\n escapes allowed)")
-    _model_options(gen, MODEL_FOLDER)
+    _model_options(gen, MODEL_FOLDER, pipeline_parallel=True)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -439,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(run=cmd_generate)
     demo = sub.add_parser("demo", help="generate() twice on the default model, the second reusing "
                                        "the prefix")
-    _model_options(demo, MODEL_FOLDER)
+    _model_options(demo, MODEL_FOLDER, pipeline_parallel=True)
     demo.add_argument("--max-new-tokens", type=int, default=120)
     demo.add_argument("--temperature", type=float, default=0.7,
                       help="0 for greedy (a tiny model loops greedily)")
@@ -447,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=cmd_demo)
     chat = sub.add_parser("chat", help="an interactive chat on a checkpoint's chat template (stdin "
                                        "lines are turns; Ctrl-C stops a reply)")
-    _model_options(chat, "a Hugging Face model folder with a chat template")
+    _model_options(chat, "a Hugging Face model folder with a chat template", pipeline_parallel=True)
     chat.add_argument("--system", default="", help="a system message")
     chat.add_argument("--max-new-tokens", type=int, default=256)
     chat.add_argument("--temperature", type=float, default=0.7)
@@ -461,6 +491,13 @@ def build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--seed", type=int, default=7)
     add_threads_option(cache)
     cache.set_defaults(run=cmd_cache_demo)
+    kv = sub.add_parser("kv-diff", help="compare a prompt's KV with its prefix reused from the "
+                                        "cache and computed cold (docs/kv_fingerprints.md)")
+    kv.add_argument("--prompt", required=True, help="prompt text (\\n escapes allowed)")
+    kv.add_argument("--prefix", help="text cached by a first request (default: the prompt)")
+    kv.add_argument("--slack", type=float, default=1.0, help="scale the tolerance (default 1)")
+    _model_options(kv, MODEL_FOLDER, tensor_parallel=False)
+    kv.set_defaults(run=cmd_kv_diff)
     lab = sub.add_parser("spec-lab", help="compare speculative drafters and draft counts on a "
                                           "workload against plain decoding: table, plots, lossless "
                                           "checks (docs/speculative.md)")

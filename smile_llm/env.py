@@ -94,3 +94,11 @@ def api_key() -> str | None:
     """``SMILE_LLM_API_KEY``: the key ``smile-llm serve`` requires when no ``--api-key`` or
     ``--api-key-file`` is given (unset or empty: none)."""
     return os.environ.get("SMILE_LLM_API_KEY") or None
+
+
+def kv_fingerprint() -> bool:
+    """``SMILE_KV_FINGERPRINT=1``: at every request's end, before its pages are released, log its
+    per-layer KV fingerprints as JSON lines on the ``smile_llm.kv_fingerprint`` logger (a debug
+    switch for prefix reuse, docs/kv_fingerprints.md; off by default). Read when a model's serving
+    loop is created."""
+    return os.environ.get("SMILE_KV_FINGERPRINT") == "1"

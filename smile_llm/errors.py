@@ -95,3 +95,18 @@ class GrammarLimitError(ConstraintError, GrammarError):
     repeat a key of the JSON object being written. A ``ConstraintError`` (``field`` names the
     constraint's request field; a server answers it as a bad request naming the field) and a
     ``GrammarError`` (that request alone fails, its pages released)."""
+
+
+class SegmentError(ValueError):
+    """A request or call names a registered segment (``LanguageModel.register_segment``) that this
+    model cannot use: one released or registered with another model, a piece of ``segments`` of the
+    wrong kind, or a request whose settings need every prompt position computed
+    (``prompt_logprobs``). Nothing is queued or bound."""
+
+
+class SegmentUnsupportedError(SegmentError):
+    """This model cannot splice segments at all, and the message says why: a hybrid model's Gated
+    DeltaNet layers carry a recurrent state through every earlier token, which moving a segment's KV
+    cannot give; a pool with a packed low-bit layer is written a window at a time; with tensor or
+    pipeline parallelism the ranks' pools would have to splice in lockstep, which is not
+    implemented."""

@@ -18,31 +18,25 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast, overload
 
-import numpy as np
 import torch
 
 from . import env
-from .attention.backend import AttentionBackend, AttentionShape, companion_backend, select_backend
+from .attention.backend import AttentionBackend, AttentionShape, select_backend
 from .cache import KvCacheLayout, KvCachePool, StatePool
-from .cache.kv_dtype import kv_storage_dtype
-from .distributed.group import TensorParallel, init_tensor_parallel
-from .distributed.lockstep import Leader, follow
+from .cache.kv_dtype import kv_formats
+from .distributed.group import TensorParallel
 from .models.config import ModelConfig
 from .models.config_hybrid import FULL_ATTENTION
 from .sampling.grammar_compiler import GrammarCompiler
 from .serving.model_runner import ModelRunner
-from .speculative.draft_chain import DraftChain
+from .serving.parallel_ranks import follow_leader, join_lockstep, lockstep_pools
 from .speculative.draft_policy import DraftPolicy
 from .speculative.drafters import Drafter, build_drafter
 from .errors import GenerationCancelled, RequestTypeError
-from .serving.request import (
-    SAMPLING_FIELDS,
-    Request,
-    RequestHandle,
-    SamplingParams,
-    check_keywords,
-    check_prompt,
-)
+from .serving.request import (BATCH_KEYWORDS, CHAT_KEYWORDS, GENERATE_KEYWORDS, STREAM_KEYWORDS,
+                              Request, RequestHandle, SamplingParams, check_keywords, check_prompt,
+                              option_fields)
+from .serving.segments import Segment
 from .serving.sample_group import SampleGroup
 from .serving import streaming
 from .serving.completion import Completion
@@ -58,6 +52,7 @@ from .models.chat_template import CONFIG_FILE, TEMPLATE_FILE, ChatTemplate, chec
 from .models.checkpoint_checks import check_checkpoint
 from .models.hybrid_layout import to_module_names
 from .models.sharding import check_shardable, local_config, read_sharded_checkpoint
+from .models.stages import init_stage
 from .models.shipped import DEFAULT_MODEL_DIRS
 from .models.weights import load_into, read_checkpoint
 
@@ -108,6 +103,7 @@ class LanguageModel:
                         draft_kv: str = "history", speculative_max_batch: int | None = None,
                         drafter: str | Drafter | None = "mtp", state_snapshots: int | None = None,
                         tensor_parallel: int = 1, lockstep_check: bool | None = None,
+                        pipeline_parallel: int = 1,
                         kv_dtype: str | torch.dtype | None = None,
                         kv_scales: tuple[float, float] | None = None) -> LanguageModel:
         """Load ``config.json``, ``*.safetensors`` (sharded too) and the tokenizer from ``path``;
@@ -135,13 +131,22 @@ class LanguageModel:
         a model whose ``follow()`` replays rank 0's plan until rank 0 closes. ValueError at load,
         with the reason, when N does not split the heads or the MLP or differs from the number of
         processes. ``lockstep_check`` (default: ``SMILE_TP_CHECK=1``) compares every rank's pool
-        digest with rank 0's before each forward.
+        digest with rank 0's before each forward. ``pipeline_parallel=N`` (``N * tensor_parallel``
+        processes; docs/pipeline_parallel.md): each rank holds a range of the decoder layers and
+        their KV, in lockstep as above; ValueError before anything is allocated for more stages
+        than layers or another number of processes.
 
-        ``kv_dtype``: the KV pools' storage, ``"fp8_e4m3"``, ``"fp8_e5m2"``, ``"bfloat16"``,
-        ``"float16"``, ``"float32"`` or a torch dtype (default: the model's ``dtype``); FP8 stores
-        ``K / k_scale`` and ``V / v_scale`` (``kv_scales``, default 1.0 each) and reads them back in
-        the compute dtype (quality cost measured in ``benchmarks/kv_dtype.py``). ValueError for
-        another name, or scales without FP8."""
+        ``kv_dtype``: the KV pool's storage (default: the model's ``dtype``): dense
+        ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` (or a torch
+        dtype), or packed low-bit ``"nvfp4"``, ``"int4"``, ``"int3"``, ``"int2"`` (keys quantized
+        per channel and values per token, a page once it is complete; docs/kv_storage.md); one name
+        for every layer, a list of one per KV layer, a mapping ``{"k": ..., "v": ...}`` of either,
+        or a list of such mappings. FP8 stores ``K / k_scale`` and ``V / v_scale`` (``kv_scales``,
+        default 1.0 each). Reads come back in the compute dtype (quality cost measured in
+        ``benchmarks/kv_dtype.py``). A pool whose layers are not stored alike in one dense dtype
+        is read through per-forward views: no CUDA graphs and no token trees then. ValueError for
+        another name, a list of the wrong length, a packed format the geometry does not fit (a
+        page_size that is not a multiple of its group), or scales without FP8."""
         folder = Path(path)
         config = ModelConfig.from_pretrained(folder)
         # every header checked and every tensor's name and shape against the config, before anything
@@ -151,15 +156,16 @@ class LanguageModel:
         if (isinstance(tensor_parallel, int) and not isinstance(tensor_parallel, bool)
                 and tensor_parallel > 1):
             check_shardable(config, tensor_parallel)  # before joining any process group
-        tp = init_tensor_parallel(tensor_parallel, device)
+        # this rank's tensor-parallel group and pipeline stage (the whole model on one stage)
+        tp, stage = init_stage(config, tensor_parallel, pipeline_parallel, device, drafter)
         local = local_config(config, tp)
         dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         hybrid = config.is_hybrid
         for note in config.notes:
             warnings.warn(note, stacklevel=2)
-        transformer = Transformer(local, tp, vocab_size=config.vocab_size)
-        raw = (read_checkpoint(folder) if tp.size == 1
-               else read_sharded_checkpoint(folder, config, tp))
+        transformer = Transformer(local, tp, vocab_size=config.vocab_size, stage=stage)
+        raw = (read_checkpoint(folder) if tp.size == 1 and stage.count == 1
+               else read_sharded_checkpoint(folder, config, tp, stage))
         tensors = to_module_names(raw, config)  # a multimodal checkpoint: its text model's
         load_into(transformer, tensors, dtype,
                   tied=("lm_head.weight",) if config.tie_word_embeddings else ())
@@ -168,26 +174,31 @@ class LanguageModel:
         chat_template = ChatTemplate.from_folder(folder)
         seq = max_seq_len or min(config.max_position_embeddings, 4096)
         kv_layers = sum(1 for t in config.layer_types if t == FULL_ATTENTION)
-        layout = KvCacheLayout(kv_layers, local.num_key_value_heads, config.head_dim,
+        layout = KvCacheLayout(len(stage.kv_layers), local.num_key_value_heads, config.head_dim,
                                max_batch_size, seq)
         # Smile's order: the DeltaNet state pool first, so the KV pool is sized from the memory left
         # after it
         snapshots = 2 * max_batch_size if state_snapshots is None else state_snapshots
-        states = (StatePool(state_specs(local, dtype), max_batch_size, device, snapshots) if hybrid
-                  else None)
-        storage = kv_storage_dtype(kv_dtype, dtype)
-        if kv_scales is not None and storage not in (torch.float8_e4m3fn, torch.float8_e5m2):
-            raise ValueError(f"kv_scales apply to FP8 KV only; kv_dtype is {storage}")
-        pool = KvCachePool.allocate(layout, device, storage, mem_fraction or 0.85, page_size)
+        states = (StatePool(state_specs(local, dtype, len(stage.linear_layers)), max_batch_size,
+                            device, snapshots) if hybrid else None)
+        formats = kv_formats(kv_dtype, kv_layers, dtype)[stage.kv_layers.start:stage.kv_layers.stop]
+        layout.layer_page_bytes(formats, page_size)  # a packed format that does not fit: here
+        if kv_scales is not None and not any(f.k.fp8 or f.v.fp8 for f in formats):
+            raise ValueError(f"kv_scales apply to FP8 KV only; kv_dtype is "
+                             f"{', '.join(map(str, formats))}")
+        options = {"kv_formats": formats, "compute_dtype": dtype,
+                   "num_tails": 2 * max_batch_size + 4, "first_layer": stage.kv_layers.start}
+        pool = KvCachePool.allocate(layout, device, dtype, mem_fraction or 0.85, page_size,
+                                    **options)  # type: ignore[arg-type]
         if kv_scales is not None:
             pool.set_kv_scales(*kv_scales)
         # every rank's pool the same size (sized from each device's free memory on CUDA)
-        if tp.size > 1:
-            slots = min(tp.all_gather_object(pool.num_slots))
+        if stage.world.size > 1:
+            slots = min(stage.world.all_gather_object(pool.num_slots))
             if slots != pool.num_slots:
                 pool.close()
                 pool = KvCachePool(layout.num_layers, slots, layout.num_kv_heads, layout.head_dim,
-                                   page_size, device, storage)
+                                   page_size, device, dtype, **options)  # type: ignore[arg-type]
                 if kv_scales is not None:
                     pool.set_kv_scales(*kv_scales)
         if states is not None:
@@ -197,42 +208,27 @@ class LanguageModel:
         # serve it
         backend = select_backend(device,
                                  shape=AttentionShape(config.head_dim, local.num_attention_heads,
-                                                      local.num_key_value_heads, dtype, storage))
+                                                      local.num_key_value_heads, dtype, pool.dtype))
         lm = cls(config, transformer, tokenizer, pool, backend, seq,
-                 cuda_graphs=cuda_graphs and not hybrid and tp.size == 1 and
-                             backend.name == "flashinfer",
+                 cuda_graphs=cuda_graphs and not hybrid and stage.world.size == 1
+                             and pool.direct and backend.name == "flashinfer",
                  draft_kv=draft_kv, drafter=drafter)
         lm.speculative_max_batch = speculative_max_batch
         lm.chat_template, lm.folder = chat_template, folder
-        if tp.size > 1:
+        if stage.world.size > 1:  # every rank of the job: tensor and pipeline parallel
             check = env.tp_check() if lockstep_check is None else bool(lockstep_check)
-            lm._lockstep(tp, check)
+            lm._lockstep(stage.world, check)
         return lm
 
     # ------------------------------------------------------------------ tensor parallelism
     def _tp_pools(self) -> dict[str, KvCachePool]:
-        """The pools every rank keeps in lockstep: the main pool and the drafter's, if it has
-        one."""
-        pools = {"main": self.pool}
-        draft_pool = getattr(self.drafter, "pool", None)
-        if isinstance(draft_pool, KvCachePool) and draft_pool is not self.pool:
-            pools["draft"] = draft_pool
-        return pools
+        """The pools every rank keeps in lockstep (``parallel_ranks.lockstep_pools``)."""
+        return lockstep_pools(self.pool, self.drafter)
 
     def _lockstep(self, tp: TensorParallel, check: bool) -> None:
-        """Every rank: the same pools (ValueError naming the difference otherwise), every rank
-        loaded (a barrier), then rank 0 leads."""
+        """Every rank of the job ``tp``: the same pools, then rank 0 leads (``join_lockstep``)."""
         self.tp = tp
-        shape = {key: (p.num_slots, p.page_size, p.num_layers,
-                       tuple(s.snapshot_capacity for s in p.state_pools))
-                 for key, p in self._tp_pools().items()}
-        everyone = tp.all_gather_object(shape)
-        if any(other != shape for other in everyone):
-            raise ValueError("the ranks' pools differ (slots, page size, layers, snapshots per "
-                             f"pool): {everyone}; give every rank the same free memory or a "
-                             "smaller mem_fraction")
-        if tp.is_leader:
-            self.transformer.leader = Leader(tp, self._tp_pools(), check)
+        join_lockstep(tp, self._tp_pools(), self.transformer, check)
 
     @property
     def drafter(self) -> Drafter | None:
@@ -260,36 +256,26 @@ class LanguageModel:
         """Whether speculative rounds may be token trees: the drafter proposes them
         (``propose_tree``) and the model verifies them (a dense model on one rank)."""
         return callable(getattr(self.drafter, "propose_tree", None)) and \
-            not self.pool.state_pools and self.tp.size == 1
+            not self.pool.state_pools and self.tp.size == 1 and self.pool.direct
 
     @property
     def is_follower(self) -> bool:
-        """True on ranks > 0 of a tensor-parallel model: call ``follow()`` instead of generating."""
+        """True on ranks > 0 of a tensor- or pipeline-parallel model: call ``follow()`` instead of
+        generating."""
         return self.tp.size > 1 and not self.tp.is_leader
 
     def follow(self) -> int:
         """A rank > 0's serving loop: replay rank 0's plans (its pools' calls, then each forward,
         joining rank 0's collectives) until rank 0 closes its model, then close this rank's pools;
-        returns the plans replayed. RuntimeError on rank 0 or without tensor parallelism;
-        LockstepError when this rank's pools diverge; a collective error when rank 0 dies or hangs
-        past the group's timeout (the pools are closed either way)."""
+        returns the plans replayed. RuntimeError on rank 0 or without tensor or pipeline
+        parallelism; LockstepError when this rank's pools diverge, its forward fails (a pipeline
+        peer died: PipelineError) or rank 0 dies or hangs past the group's timeout (the pools are
+        closed either way)."""
         if not self.is_follower:
             raise RuntimeError("follow() runs on ranks > 0 of a tensor-parallel model; rank 0 "
                                "generates")
-        transformer, backend = self.transformer, self.backend
-        # the draft chains' own (DraftChain), made at the first chain
-        chain_backends: list[AttentionBackend] = []
-
-        def begin_chain(pool: KvCachePool, start: np.ndarray, steps: int) -> DraftChain:
-            if not chain_backends:
-                chain_backends.append(companion_backend(backend, pool.device))
-            return DraftChain(transformer, pool, chain_backends[0], start, steps)
-
         try:
-            return follow(self.tp, self._tp_pools(),
-                          lambda pool, t, s, c, k: transformer.forward(t, s, pool, backend, c, k),
-                          lambda pool, t, h, s, c: transformer.draft(t, h, s, pool, backend, c),
-                          begin_chain, self.pool.device)
+            return follow_leader(self.tp, self._tp_pools(), self.transformer, self.backend)
         finally:
             self._close_pools()
 
@@ -359,6 +345,17 @@ class LanguageModel:
         """Text of token ids (special tokens dropped). ValueError naming the first id outside the
         vocabulary."""
         return self.tokenizer.decode(self.serving_context.token_ids(tokens, "tokens"))
+
+    def register_segment(self, segment: str | Sequence[int]) -> Segment:
+        """Keep the KV of ``segment`` (text or ids), computed once at position 0, until
+        ``release_segment``; requests splice it (``segments=[...]``, docs/segments.md). Errors of
+        ``ServingContext.segment_tokens`` and ``SegmentRegistry.register``."""
+        ids = self.serving_context.segment_tokens(segment)
+        return self.server.run_between_steps(lambda: self.runner.segments.register(ids))
+
+    def release_segment(self, segment: Segment) -> bool:
+        """Free a segment's KV (``SegmentRegistry.release``); False when already released."""
+        return self.server.run_between_steps(lambda: self.runner.segments.release(segment))
 
     # ------------------------------------------------------------------ generation
     @property
@@ -432,7 +429,7 @@ class LanguageModel:
         temperature below 1e-5 is greedy (``sampling.GREEDY_TEMPERATURE``)."""
         params = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop,
                                 speculative_tokens, draft_sampling, n=n,
-                                **_option_fields(options, "generate()", GENERATE_KEYWORDS))
+                                **option_fields(options, "generate()", GENERATE_KEYWORDS))
         return self.submit(prompt, params, listener=listener, cancel=cancel,
                            on_round=on_round).result()
 
@@ -535,7 +532,7 @@ class LanguageModel:
                                    "give [prompt] or call generate()")
         base = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop,
                               speculative_tokens, draft_sampling, n=n,
-                              **_option_fields(options, "generate_batch()", BATCH_KEYWORDS))
+                              **option_fields(options, "generate_batch()", BATCH_KEYWORDS))
         requests = []
         for i, p in enumerate(prompts):
             check_prompt(p, f"prompts[{i}]")
@@ -580,20 +577,3 @@ class LanguageModel:
                     self.drafter.close()
             finally:
                 self.tp.leave()  # the process group init_tensor_parallel made, if it did
-
-
-OPTION_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
-                 "logit_bias", "min_new_tokens", "prompt_logprobs", "draft_tree")
-# every keyword each call accepts, as its errors list them
-BATCH_KEYWORDS = SAMPLING_FIELDS
-STREAM_KEYWORDS = SAMPLING_FIELDS + ("cancel",)
-GENERATE_KEYWORDS = SAMPLING_FIELDS + ("listener", "cancel", "on_round")
-CHAT_KEYWORDS = GENERATE_KEYWORDS + ("tools", "chat_template_kwargs")
-
-
-def _option_fields(given: dict[str, Any], call: str, accepted: tuple[str, ...]) -> dict[str, Any]:
-    """``given`` (the keywords ``call`` did not name in its signature) if it holds only
-    ``SamplingParams``' option fields; RequestTypeError (a TypeError) for another name, suggesting
-    the closest of ``accepted`` and listing them all."""
-    check_keywords([k for k in given if k not in OPTION_FIELDS], accepted, call)
-    return given

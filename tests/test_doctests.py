@@ -16,6 +16,7 @@ MODULES = [
     "smile_llm.cache.layout",
     "smile_llm.cache.radix",
     "smile_llm.cache.pool",
+    "smile_llm.distributed.pipeline",
     "smile_llm.speculative.acceptance",
     "smile_llm.models.tokenizer",
 ]

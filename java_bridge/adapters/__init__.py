@@ -13,7 +13,8 @@ Modules: ``convert`` (Java arrays, checked returns, ByteBuffer views, Smile's va
 index buffers as Java values), ``radix`` (``RadixCache``, standalone or a pool's), ``model``
 (``LanguageModel``), ``requests`` (Java arguments to a request, futures and their delivery,
 completions back), ``sampling`` (``smile.llm.SamplingParams`` to Python's, Java field names in error
-messages), ``chat`` (``Message`` lists and template variables to Python values), ``engine``
+messages), ``segments`` (``smile.llm.python.Segment`` and ``segments`` pieces), ``chat``
+(``Message`` lists and template variables to Python values), ``engine``
 (``smile.llm.engine.InferenceEngine``), ``factory`` (``Bridge.Factory``, ``pinCurrentThread``).
 """
 

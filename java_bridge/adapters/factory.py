@@ -33,7 +33,10 @@ class FactoryAdapter:
     def newKvCachePool(self, layers: int, slots: int, kv_heads: int, head_dim: int,  # noqa: N802
                        page_size: int, dtype: Any) -> Any:
         """``Bridge.newKvCachePool``: a new CPU pool of ``dtype`` (a name such as ``"float32"`` or
-        ``"bfloat16"``; IllegalArgumentException for another), closed when the launcher exits."""
+        ``"bfloat16"``; IllegalArgumentException for another, or a layer count below 1), closed when
+        the launcher exits."""
+        if int(layers) < 1:
+            raise ValueError(f"num_layers must be >= 1, got {int(layers)}")
         pool = KvCachePool(int(layers), int(slots), int(kv_heads), int(head_dim), int(page_size),
                            "cpu", storage_dtype(dtype))
         return self._adopt(pool)
@@ -43,7 +46,10 @@ class FactoryAdapter:
         """Smile's ``new KvCachePool(numLayers, numSlots, numKvHeads, headDim, pageSize, device,
         dtype)``: a new pool on ``device`` (a torch device string) of ``dtype`` (a torch name),
         closed when the launcher exits. IllegalArgumentException for bad geometry, a device torch
-        cannot use or a dtype the pool cannot store."""
+        cannot use or a dtype the pool cannot store (Smile's: a layer count below 1 too; the Python
+        pool also takes 0, for a pipeline stage without attention layers)."""
+        if int(layers) < 1:
+            raise ValueError(f"num_layers must be >= 1, got {int(layers)}")
         pool = KvCachePool(int(layers), int(slots), int(kv_heads), int(head_dim), int(page_size),
                            python_device(device), storage_dtype(dtype))
         return self._adopt(pool)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
-from jpype import JArray, JClass, JImplements
+from jpype import JArray, JClass, JImplements, JString
 
 from smile_llm import Completion, LanguageModel, SamplingParams
 
@@ -25,6 +25,7 @@ from .requests import (
     submit_async,
 )
 from .sampling import BUILDER_NAMES, named_errors, python_params, single
+from .segments import SegmentAdapter, python_segment
 
 
 def model_name(model: LanguageModel) -> str:
@@ -239,6 +240,23 @@ class LanguageModelAdapter:
                   else int(prefill_token_budget))
         return engine(self._executor, int(max_in_flight), int(max_in_flight), budget,
                       engine.DEFAULT_ADMISSION_TIMEOUT_MS)
+
+    def registerSegment(self, segment: Any) -> SegmentAdapter:  # noqa: N802
+        """Java ``Segment registerSegment(String text)`` and ``registerSegment(int[] tokens)``:
+        ``LanguageModel.register_segment`` (KvCacheExhaustedException without room,
+        IllegalArgumentException for null, empty or too long input and on a model that cannot
+        splice, naming why)."""
+        if segment is None:
+            raise ValueError("segment must not be null: give its text or token ids")
+        value = str(segment) if isinstance(segment, JString) else int_array(segment).tolist()
+        return SegmentAdapter(self.model.register_segment(value))
+
+    def releaseSegment(self, segment: Any) -> bool:  # noqa: N802
+        """Java ``boolean releaseSegment(Segment segment)``: ``LanguageModel.release_segment``
+        (IllegalArgumentException for null or another model's segment)."""
+        if segment is None:
+            raise ValueError("segment must not be null")
+        return bool(self.model.release_segment(python_segment(segment)))
 
     def kvCachePool(self) -> Any:  # noqa: N802
         """Java ``kvCachePool()``: the model's pool (the same adapter every call)."""

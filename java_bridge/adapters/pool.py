@@ -103,6 +103,20 @@ class KvCachePoolAdapter(GraphCalls):
         """Java ``dtype()``: the storage dtype as torch names it (``"torch.float32"``)."""
         return str(self.pool.dtype)
 
+    def dtypeForLayer(self, layer: int) -> str:  # noqa: N802
+        """Java ``dtypeForLayer(int)``: the model's KV layer's storage format (``"nvfp4"``, or
+        ``"k=..., v=..."`` when its sides differ); IndexOutOfBoundsException (``LayerNotHeldError``)
+        for a layer the pool does not hold."""
+        return self.pool.dtype_for_layer(int(layer))
+
+    def kBlockStrideBytesForLayer(self, layer: int) -> int:  # noqa: N802
+        """Java ``long kBlockStrideBytesForLayer(int)``: one page of the layer's K as stored."""
+        return int(self.pool.k_block_stride_bytes_for_layer(int(layer)))
+
+    def vBlockStrideBytesForLayer(self, layer: int) -> int:  # noqa: N802
+        """Java ``long vBlockStrideBytesForLayer(int)``: one page of the layer's V as stored."""
+        return int(self.pool.v_block_stride_bytes_for_layer(int(layer)))
+
     def computeDtype(self) -> Any:  # noqa: N802
         """Java ``ScalarType computeDtype()``: the dtype ``get`` returns and ``put`` takes."""
         return java_scalar_type(self.pool.compute_dtype)

@@ -18,6 +18,8 @@ from jpype import JClass, JString
 
 from smile_llm import AUTO, SamplingParams
 
+from .segments import python_pieces
+
 # Python field -> the Java SamplingParams builder's name (fields spelled alike in both are left out)
 BUILDER_NAMES = {"max_new_tokens": "maxNewTokens", "top_p": "topP", "top_k": "topK",
                  "min_p": "minP", "repetition_penalty": "repetitionPenalty",
@@ -90,7 +92,8 @@ def python_params(params: Any) -> SamplingParams:
     becomes None. The constraint fields (``jsonSchema`` text, ``jsonObject``, ``regex``,
     ``grammar``, the ``choice`` list) are passed only when set (non-null, ``jsonObject`` true, a
     non-empty ``choice``; an empty string is set, for Python to refuse); Python checks them (at most
-    one, ConstraintError naming the field) and the model compiles them when the request is made."""
+    one, ConstraintError naming the field) and the model compiles them when the request is made.
+    The ``segments`` pieces become Python's (``segments.python_pieces``)."""
     if params is None:
         raise ValueError("params must not be null: build one with "
                          "SamplingParams.builder()...build()")
@@ -119,6 +122,7 @@ def python_params(params: Any) -> SamplingParams:
         "draft_tree": tuple(int(b) for b in params.draftTree()) or None,
     }
     fields.update(_constraint_fields(params))
+    fields["segments"] = python_pieces(params.segments())
     with named_errors(BUILDER_NAMES):
         return SamplingParams(**fields)
 

@@ -4,6 +4,7 @@ buffers, and the per-request state pools bound beside it."""
 from .errors import (
     KvCacheCorruptionError,
     KvCacheExhaustedError,
+    LayerNotHeldError,
     NoActiveStepError,
     PoolClosedError,
     RequestOffloadedError,
@@ -29,6 +30,7 @@ __all__ = [
     "KvCacheLayout",
     "KvCachePool",
     "KvStep",
+    "LayerNotHeldError",
     "MatchResult",
     "NoActiveStepError",
     "OffloadedKv",

@@ -181,6 +181,30 @@ def check_invariants(binder: Binder, step: ActiveStep | None, scratch_pages: np.
             if not np.array_equal(step.page_table[row, : len(sb.page_ids)], sb.page_ids):
                 _fail(f"active step row {sb.request_id} has a stale page table")
 
+    # 6. a packed pool's tails: only private pages hold one, every tree page is quantized, and
+    # each resident row's partial last page keeps its raw values
+    kv = binder.kv
+    if kv.packed:
+        problem = kv.tails.check()
+        if problem is not None:
+            _fail(f"the tail table is inconsistent: {problem}")
+        tailed = np.flatnonzero(kv.tails.tail_of >= 0)
+        odd = tailed[pages.owner[tailed] != PageOwner.PRIVATE]
+        if len(odd):
+            _fail(f"page {int(odd[0])} holds a tail but is "
+                  f"{PageOwner(int(pages.owner[odd[0]])).name.lower()}")
+        tree = np.flatnonzero(pages.owner == PageOwner.TREE)
+        stale = tree[~kv.packed_valid[tree]]
+        if len(stale):
+            _fail(f"tree page {int(stale[0])} is not quantized")
+        for b in table:
+            kv_len = table.kv_len_of(b)
+            if b.offload is None and kv_len % ps and kv_len > b.matched_len:
+                page = int(b.page_ids[kv_len // ps])
+                if kv.tails.tail_of[page] < 0:
+                    _fail(f"request {b.request_id}: its last page {page} (kv_len {kv_len}) is "
+                          f"partly written but keeps no raw values")
+
     # the state pools beside the KV
     for states in binder.states:
         states.check([b.request_id for b in table if b.offload is None],

@@ -29,3 +29,9 @@ class NoActiveStepError(RuntimeError):
 class RequestOffloadedError(RuntimeError):
     """The request's private KV lives in host memory; ``restore_request`` it before activating
     it."""
+
+
+class LayerNotHeldError(IndexError):
+    """A layer index the pool does not hold: a pipeline-parallel rank's pool holds the KV of its
+    own range of layers only (``KvCachePool.layer_range``). Also an IndexError, as an index out of
+    range is."""

@@ -14,6 +14,8 @@ from .layout import KvCacheLayout, ceil_page, compute_static_kv_budget, floor_pa
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from .kv_dtype import LayerFormats
+
 
 class PoolOptions(TypedDict, total=False):
     """The keyword-only options of ``KvCachePool``, passed through by every factory."""
@@ -22,6 +24,10 @@ class PoolOptions(TypedDict, total=False):
     v_scale: float
     zero_rejected_kv: bool | None
     fresh_page_fill: str
+    first_layer: int
+    kv_formats: tuple[LayerFormats, ...] | None
+    num_tails: int | None
+    compute_dtype: torch.dtype | None
 
 
 class SizedPool(Protocol):
@@ -55,9 +61,10 @@ def allocate(cls: type[Pool], layout: KvCacheLayout, device: str | torch.device 
         raise ValueError(f"mem_fraction must be in (0, 1], got {mem_fraction!r}")
     page_size = as_int(page_size, "page_size", minimum=1)
     device = as_device(device)
-    if device.type == "cuda":
+    if device.type == "cuda" and layout.num_layers:  # no layers: no bytes to size by
         free, total = _cuda_mem_info(device)
-        budget = compute_static_kv_budget(total, free, mem_fraction, layout.bytes_per_token(dtype),
+        per_token, reserved = kv_cost(layout, dtype, page_size, pool_kwargs)
+        budget = compute_static_kv_budget(total, max(free - reserved, 0), mem_fraction, per_token,
                                           page_size, layout.max_batch_size, layout.max_seq_len)
         num_slots = budget.num_slots
     else:
@@ -65,6 +72,21 @@ def allocate(cls: type[Pool], layout: KvCacheLayout, device: str | torch.device 
                                page_size)
     return cls(layout.num_layers, num_slots, layout.num_kv_heads, layout.head_dim, page_size,
                device, dtype, **pool_kwargs)
+
+
+def kv_cost(layout: KvCacheLayout, dtype: torch.dtype, page_size: int,
+            pool_kwargs: PoolOptions) -> tuple[int, int]:
+    """``(bytes per token, bytes set aside)`` of a pool for ``layout``: with ``kv_formats``, the
+    real bytes of every layer's pages per token (rounded up) and the tails' bytes
+    (``num_tails`` raw pages of every packed layer and side, in ``compute_dtype``); else every
+    layer in ``dtype`` and nothing set aside."""
+    formats = pool_kwargs.get("kv_formats")
+    if not formats:
+        return layout.bytes_per_token(dtype), 0
+    per_token = -(-layout.page_bytes(formats, page_size) // page_size)
+    compute = pool_kwargs.get("compute_dtype") or torch.bfloat16
+    tails = (pool_kwargs.get("num_tails") or 0) * layout.tail_bytes(formats, page_size, compute)
+    return per_token, tails
 
 
 def for_testing(cls: type[Pool], layout: KvCacheLayout, device: str | torch.device = "cpu",
@@ -92,7 +114,7 @@ def for_mtp_history(cls: type[Pool], layout: KvCacheLayout, device: str | torch.
     page_size = as_int(page_size, "page_size", minimum=1)
     slots = as_int(want_slots, "want_slots", minimum=0)
     device = as_device(device)
-    if device.type == "cuda":
+    if device.type == "cuda" and layout.num_layers:
         free, _ = _cuda_mem_info(device)
         slots = min(slots, int(free * 0.5) // layout.bytes_per_token(dtype))
     slots = floor_page(slots, page_size)

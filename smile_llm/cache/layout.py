@@ -3,9 +3,14 @@ it)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .kv_dtype import LayerFormats
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -29,7 +34,8 @@ def ceil_page(n: int, page_size: int) -> int:
 @dataclass(frozen=True)
 class KvCacheLayout:
     """Per-pool geometry: layers, KV heads, head size and the largest batch and sequence it must
-    serve. ValueError unless every field is an int >= 1.
+    serve. ValueError unless every field is an int >= 1 (``num_layers`` >= 0: a pool of no layers
+    keeps the pages' bookkeeping alone, a pipeline stage without attention layers).
 
     >>> import torch
     >>> # an 8B Llama shape
@@ -53,8 +59,9 @@ class KvCacheLayout:
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_kv_heads", "head_dim", "max_batch_size", "max_seq_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"KvCacheLayout.{name} must be an int >= 1, got {value!r}")
+            least = 0 if name == "num_layers" else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"KvCacheLayout.{name} must be an int >= {least}, got {value!r}")
 
     @classmethod
     def of(
@@ -82,6 +89,30 @@ class KvCacheLayout:
     def bytes_per_token(self, dtype: torch.dtype) -> int:
         """K plus V bytes of one token over all layers: ``2 * L * Hkv * D * element_size``."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size(dtype)
+
+    def layer_page_bytes(self, formats: Sequence[LayerFormats],
+                         page_size: int) -> list[tuple[int, int]]:
+        """Bytes of one page of each layer's K and of its V as ``formats`` store them (a packed
+        side's codes and scales, ``cache.codecs``). ValueError when ``formats`` does not list one
+        per layer, or a packed format does not fit the geometry."""
+        from .kv_sides import side_page_bytes
+
+        if len(formats) != self.num_layers:
+            raise ValueError(f"{len(formats)} layer formats for {self.num_layers} layers")
+        return [(side_page_bytes(f.k, "k", page_size, self.num_kv_heads, self.head_dim),
+                 side_page_bytes(f.v, "v", page_size, self.num_kv_heads, self.head_dim))
+                for f in formats]
+
+    def page_bytes(self, formats: Sequence[LayerFormats], page_size: int) -> int:
+        """Bytes of one page over every layer, K and V (``layer_page_bytes`` summed): what the
+        static budget divides by."""
+        return sum(k + v for k, v in self.layer_page_bytes(formats, page_size))
+
+    def tail_bytes(self, formats: Sequence[LayerFormats], page_size: int,
+                   compute_dtype: torch.dtype) -> int:
+        """Bytes of one tail (a raw page of every packed layer and side, ``cache.kv_tails``)."""
+        sides = sum(f.k.packed + f.v.packed for f in formats)
+        return sides * page_size * self.num_kv_heads * self.head_dim * element_size(compute_dtype)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ pool decides who gets pages and when the tree is evicted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import IntEnum
 
 import numpy as np
@@ -45,6 +46,10 @@ class PageAllocator:
 
     def __init__(self, num_pages: int) -> None:
         self.num_pages = num_pages
+        # told of pages that go back to the free list, and of pages handed to another owner (the
+        # store drops their raw tails: ``KvStore.free_pages``, ``KvStore.forget_pages``)
+        self.on_free: Callable[[np.ndarray], None] | None = None
+        self.on_transfer: Callable[[np.ndarray], None] | None = None
         self.owner = np.zeros(num_pages, dtype=np.int8)  # PageOwner per page
         self.holder = np.full(num_pages, NO_HOLDER, dtype=np.int64)  # request id for PRIVATE pages
         self._ring = np.arange(num_pages, dtype=np.int64)  # free page ids, FIFO from _head
@@ -89,11 +94,15 @@ class PageAllocator:
         self._count += n
         self.owner[pages] = PageOwner.FREE
         self.holder[pages] = NO_HOLDER
+        if self.on_free is not None:
+            self.on_free(pages)
 
     def transfer(self, pages: np.ndarray, owner: PageOwner) -> None:
         """Hand ``pages`` to ``owner`` (not a binding) without touching the free list."""
         self.owner[pages] = owner
         self.holder[pages] = NO_HOLDER
+        if self.on_transfer is not None:
+            self.on_transfer(pages)
 
     def misowned(self, pages: np.ndarray, owner: PageOwner) -> np.ndarray:
         """The pages among ``pages`` not owned by ``owner``."""

@@ -30,15 +30,19 @@ from . import audit, factories
 from .binder import Binder
 from .bindings import BindingTable
 from .checks import as_device, as_int, as_layer
-from .errors import PoolClosedError
+from .errors import LayerNotHeldError, PoolClosedError
 from .graph_steps import GraphSteps
 from .guard import Journal, delegate, journaled, locked
+from . import kv_fingerprint as fingerprints
 from .kv_step import KvStep
+from .kv_dtype import LayerFormats, dense_formats
 from .kv_store import FILL_MODES, KvStore, check_scales
+from .kv_tails import default_tails
 from .layout import floor_page
 from .pages import PageAllocator, PageOwner
 from .radix import RadixCache
 from .request_verbs import RequestVerbs
+from .splice import SpliceVerbs
 from .state_pool import StatePool
 from .step import ActiveStep, StepSlot
 from .step_verbs import StepVerbs
@@ -100,6 +104,10 @@ def _graphs(pool: KvCachePool) -> GraphSteps:
     return pool._graphs
 
 
+def _splices(pool: KvCachePool) -> SpliceVerbs:
+    return SpliceVerbs(pool._binder, pool._kv, pool._num_layers)
+
+
 class KvCachePool:
     """Static paged K/V pool with an embedded radix prefix cache. See docs/contract.md for the
     contract."""
@@ -109,27 +117,39 @@ class KvCachePool:
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
                  page_size: int = 16, device: str | torch.device = "cpu",
                  dtype: torch.dtype = torch.float32, *, k_scale: float = 1.0, v_scale: float = 1.0,
-                 zero_rejected_kv: bool | None = None, fresh_page_fill: str = "none") -> None:
+                 zero_rejected_kv: bool | None = None, fresh_page_fill: str = "none",
+                 first_layer: int = 0, kv_formats: tuple[LayerFormats, ...] | None = None,
+                 num_tails: int | None = None, compute_dtype: torch.dtype | None = None) -> None:
         for name, value in (("num_layers", num_layers), ("num_slots", num_slots),
                             ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
                             ("page_size", page_size)):
-            as_int(value, name, minimum=1)
+            # zero layers: the pages and bindings alone (a pipeline stage without attention layers)
+            as_int(value, name, minimum=0 if name == "num_layers" else 1)
         if num_slots % page_size:
             raise ValueError(f"num_slots {num_slots} must be a multiple of page_size {page_size}; "
                              f"use {floor_page(num_slots, page_size) or page_size}")
         if fresh_page_fill not in FILL_MODES:
             raise ValueError(f"fresh_page_fill must be one of {FILL_MODES}, got "
                              f"{fresh_page_fill!r}")
-        check_scales(dtype, k_scale, v_scale)
+        formats = dense_formats(dtype, int(num_layers)) if kv_formats is None else \
+            tuple(kv_formats)
+        if len(formats) != num_layers:
+            raise ValueError(f"kv_formats lists {len(formats)} layers; the pool has {num_layers}")
+        check_scales(formats, k_scale, v_scale)
+        self._first_layer = as_int(first_layer, "first_layer", minimum=0)
         self._num_layers, self._num_slots = int(num_layers), int(num_slots)
         self._num_kv_heads, self._head_dim = int(num_kv_heads), int(head_dim)
         self._page_size = int(page_size)
         num_pages = self._num_slots // self._page_size
         self._device = device = as_device(device)
         zero = env.zero_rejected_kv() if zero_rejected_kv is None else bool(zero_rejected_kv)
+        tails = default_tails(num_pages) if num_tails is None else \
+            as_int(num_tails, "num_tails", minimum=0)
         self._kv = KvStore(self._num_layers, self._num_slots, self._num_kv_heads, self._head_dim,
-                           self._page_size, device, dtype, k_scale, v_scale)
+                           self._page_size, device, None, k_scale, v_scale, formats, tails,
+                           compute_dtype)
         self._pages = PageAllocator(num_pages)
+        self._pages.on_free, self._pages.on_transfer = self._kv.free_pages, self._kv.forget_pages
         self._radix = RadixCache(self._page_size)
         self._table = BindingTable()
         self._lock = threading.RLock()
@@ -155,26 +175,42 @@ class KvCachePool:
 
     # ------------------------------------------------------------------ properties
     num_layers = _state(lambda self: self._num_layers)
+    layer_range = _state(lambda self: range(self._first_layer,
+                                            self._first_layer + self._num_layers),
+                         doc="The model's KV layers this pool holds, in the model's numbering "
+                             "(``range(0, num_layers)`` but on a pipeline-parallel rank).")
     num_slots = _state(lambda self: self._num_slots)
     num_kv_heads = _state(lambda self: self._num_kv_heads)
     head_dim = _state(lambda self: self._head_dim)
     page_size = _state(lambda self: self._page_size)
     device = _state(lambda self: self._device)
-    dtype = _state(lambda self: self._kv.dtype, doc="Storage dtype of K and V.")
+    dtype = _state(lambda self: self._kv.dtype,
+                   doc="Storage dtype of K and V; the compute dtype when layers or sides are "
+                       "stored in different formats or packed (see ``kv_formats``).")
+    kv_formats = _state(lambda self: self._kv.formats,
+                        doc="Each KV layer's K and V storage format (``cache.kv_dtype``).")
+    direct = _state(lambda self: self._kv.direct,
+                    doc="Every layer and side stored alike in a dense dtype: attention reads the "
+                        "storage itself (``KvStep.key_pages``); else a per-forward view.")
+    packed = _state(lambda self: self._kv.packed,
+                    doc="Some layer stores a side in a low-bit packed format (``cache.codecs``).")
+    num_tails = _state(lambda self: self._kv.tails.num_tails,
+                       doc="Raw page buffers of a packed pool (0 without packed layers).")
     compute_dtype = _state(lambda self: self._kv.compute_dtype, doc="The dtype get() returns.")
     k_scale = _state(lambda self: self._kv.k_scale,
                      doc="FP8 K scale (1.0 for float storage); pass to attention.")
     v_scale = _state(lambda self: self._kv.v_scale,
                      doc="FP8 V scale (1.0 for float storage); pass to attention.")
-    kv_is_compute_dtype = _state(lambda self: self._kv.dtype == self._kv.compute_dtype)
+    kv_is_compute_dtype = _state(lambda self: self._kv.direct and
+                                 self._kv.dtype == self._kv.compute_dtype)
     fresh_page_fill = _state(lambda self: self._binder.fresh_page_fill,
                              doc='"none", "zero" or "poison"')
     radix = _state(lambda self: self._radix,
                    doc="The embedded tree, for inspection only: mutate it through the pool "
                        "(evicting it directly would leak pages).")
-    key_cache = _state(lambda self: self._kv.key_cache,
+    key_cache = _state(lambda self: self._uniform_buffer("key_cache"),
                        doc="K buffer [num_layers, num_slots, Hkv, D].")
-    value_cache = _state(lambda self: self._kv.value_cache,
+    value_cache = _state(lambda self: self._uniform_buffer("value_cache"),
                          doc="V buffer [num_layers, num_slots, Hkv, D].")
     free_pages = _counter(lambda self: self._pages.free_pages, doc="Pages on the free list.")
     free_slots = _counter(lambda self: self._pages.free_pages * self._page_size,
@@ -247,6 +283,8 @@ class KvCachePool:
     alloc = delegate(_requests, RequestVerbs.alloc, journal=True)
     free = delegate(_requests, RequestVerbs.free, journal=True)
     evict = delegate(_requests, RequestVerbs.evict, journal=True)
+    # a registered segment's KV into a request, shifted by whole pages (splice.py)
+    splice_kv = delegate(_splices, SpliceVerbs.splice_kv, journal=True)
 
     # ------------------------------------------------------------------ active step (step_verbs.py)
     ensure_request = delegate(_steps, StepVerbs.ensure_request)
@@ -297,6 +335,48 @@ class KvCachePool:
                                                  GraphSteps.consume_verify_graph_meta_realloc)
     verify_qo_indptr = delegate(_graphs, GraphSteps.verify_qo_indptr)
 
+    def _uniform_buffer(self, name: str) -> torch.Tensor:
+        if not self._kv.direct:
+            raise ValueError(f"{name} is one buffer only when every layer is stored alike in a "
+                             f"dense dtype; this pool's layers are {self._formats_text()}: read a "
+                             f"layer with get() or read_page()")
+        return getattr(self._kv, name)  # type: ignore[no-any-return]
+
+    def _formats_text(self) -> str:
+        return ", ".join(str(f) for f in self._kv.formats)
+
+    @locked
+    def dtype_for_layer(self, layer: int) -> str:
+        """The storage format of the model's KV layer ``layer`` (the model's numbering: see
+        ``local_layer``): its name (``"bfloat16"``, ``"nvfp4"``, ...) when K and V are stored alike,
+        else ``"k=..., v=..."``. Smile: ``dtypeForLayer``."""
+        return str(self._kv.formats[self.local_layer(layer)])
+
+    @locked
+    def k_block_stride_bytes_for_layer(self, layer: int) -> int:
+        """Bytes of one page of the model's KV layer ``layer``'s K as stored (a packed page's
+        codes and scales). Smile: ``kBlockStrideBytesForLayer``."""
+        return self._kv.side_bytes(self.local_layer(layer))[0]
+
+    @locked
+    def v_block_stride_bytes_for_layer(self, layer: int) -> int:
+        """Bytes of one page of the model's KV layer ``layer``'s V as stored. Smile:
+        ``vBlockStrideBytesForLayer``."""
+        return self._kv.side_bytes(self.local_layer(layer))[1]
+
+    @locked
+    def local_layer(self, layer: int) -> int:
+        """The pool's own index (what ``put``, ``kv_step`` writes and ``read_page`` take) of the
+        model's KV layer ``layer``. LayerNotHeldError (an IndexError) naming the range this pool
+        holds for a layer outside it; ValueError for a non-int."""
+        index = as_int(layer, "layer", minimum=0)
+        if index not in range(self._first_layer, self._first_layer + self._num_layers):
+            end = self._first_layer + self._num_layers
+            raise LayerNotHeldError(f"layer {index} is not held by this pool, which holds layers "
+                                    f"[{self._first_layer}, {end}) (a pipeline-parallel rank "
+                                    "holds its own range only)")
+        return index - self._first_layer
+
     @locked
     def num_pages_for_length(self, length: int) -> int:
         """Pages a row of ``length`` tokens spans: ``ceil(length / page_size)``.
@@ -336,19 +416,21 @@ class KvCachePool:
         """Set the fixed FP8 scales. Only while nothing is stored (no bindings, empty tree, no
         caller pages): RuntimeError otherwise, since stored values would be reinterpreted.
         ValueError for scales other than 1.0 on float storage."""
-        check_scales(self._kv.dtype, k_scale, v_scale)
+        check_scales(self._kv.formats, k_scale, v_scale)
         if len(self._table) or self._radix.total_size() or self._pages.count(PageOwner.CALLER):
             raise RuntimeError("set_kv_scales while KV is stored would rescale it; call it before "
                                "binding, after unbind_requests() and with an empty prefix tree")
-        self._kv.k_scale, self._kv.v_scale = float(k_scale), float(v_scale)
+        self._kv.set_scales(k_scale, v_scale)
 
     def _check_page(self, page: int) -> int:
         return as_int(page, "page", minimum=0, maximum=self._pages.num_pages - 1)
 
     @locked
     def read_page(self, layer: int, page: int) -> tuple[bytes, bytes]:
-        """Raw bytes of one page of one layer, ``[page_size, Hkv, D]`` row-major in the storage
-        dtype."""
+        """Stored bytes of one page of one layer (the pool's own layer index): a dense side's
+        ``[page_size, Hkv, D]`` row-major in its storage dtype, a packed side's parts in the codec's
+        order (``k_block_stride_bytes_for_layer`` bytes). ValueError for a packed page still being
+        written."""
         return self._kv.read_page(as_layer(layer, self._num_layers), self._check_page(page))
 
     @locked
@@ -361,8 +443,9 @@ class KvCachePool:
         if owner not in (PageOwner.PRIVATE, PageOwner.CALLER):
             raise ValueError(f"write_page to page {page}, which is {owner.name.lower()}; only "
                              f"pages private to a binding or from alloc() may be written")
-        self._kv.write_page(layer, page, self._kv.as_page_bytes(k_bytes, "k_bytes"),
-                            self._kv.as_page_bytes(v_bytes, "v_bytes"))
+        k_size, v_size = self._kv.side_bytes(layer)
+        self._kv.write_page(layer, page, self._kv.as_page_bytes(k_bytes, "k_bytes", k_size),
+                            self._kv.as_page_bytes(v_bytes, "v_bytes", v_size))
 
     # ------------------------------------------------------------------ replicas (lockstep)
     @locked
@@ -388,6 +471,28 @@ class KvCachePool:
         locks, the active step's ids and the state pools' slots. Two replicas that replayed the same
         calls have the same digest."""
         return audit.digest(self._binder, self._slot.step)
+
+    @locked
+    def kv_fingerprint(self, request_id: int,
+                       boundary: int | None = None) -> fingerprints.KvFingerprint:
+        """Per KV layer, float64 (sum, sum of squares, sum of absolute values) of K and of V over
+        the request's written positions ``[0, kv_len)``, split at the token position ``boundary``
+        (default: the request's tree-owned matched prefix, ``matched_prefix_len``) into the prefix
+        region (reused from the tree) and the suffix region (computed by the request). Read-only
+        (``kv_fingerprint.py``). ValueError for an unknown id or a boundary outside ``[0, kv_len]``,
+        RequestOffloadedError for an offloaded request."""
+        return fingerprints.fingerprint(self._table, self._kv, self._num_layers, self._page_size,
+                                        self._kv.dtype, request_id, boundary)
+
+    @locked
+    def kv_block_fingerprints(self, request_id: int, layer: int, boundary: int | None = None
+                              ) -> tuple[fingerprints.PageFingerprint, ...]:
+        """One row per logical page holding written KV of the request, in page-table order: logical
+        index, physical page, region (split at ``boundary`` as ``kv_fingerprint``) and the float64
+        sums of squares of K and V of ``layer``. Read-only. ValueError for an unknown id, a bad
+        layer or boundary; RequestOffloadedError for an offloaded request."""
+        return fingerprints.page_fingerprints(self._table, self._kv, self._num_layers,
+                                              self._page_size, request_id, layer, boundary)
 
     # ------------------------------------------------------------------ state beside the KV
     @locked

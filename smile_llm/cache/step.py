@@ -199,15 +199,35 @@ class ActiveStep:
     #   [sealed_len, written_end)  rejected drafts' KV: nobody's; invisible, zeroed only with
     #                              zero_rejected_kv, overwritten by the next window; kv_len never
     #                              covers it, so never inserted
-    def seal(self, kv_len: np.ndarray, sealed: np.ndarray) -> bool:
+    def seal(self, kv: KvStore, kv_len: np.ndarray, sealed: np.ndarray) -> bool:
         """Lower kv_len to ``sealed``; keep or bump the step CSR in place when every row keeps its
         page count (True), else rebuild it for ``sealed`` (False; none at all when every row is
-        sealed at 0)."""
+        sealed at 0). A packed pool: ValueError, changing nothing, when a row's new last page is
+        quantized without raw values; its pages from there on will be written again."""
+        self.unseal(kv, sealed, "sealing")
         self.lower_kv_len(kv_len, sealed)
         if not sealed.any():
             self.csr.clear()
             return False
         return self.csr.get(self.page_table32, sealed)[1] != "rebuild"
+
+    def unseal(self, kv: KvStore, length: np.ndarray, what: str) -> None:
+        """A packed pool: each row's pages from ``length``'s page on will be written again (their
+        quantized values are stale); ValueError first, changing nothing, when a row's page at
+        ``length`` is cut inside and keeps no raw values."""
+        if not kv.packed:
+            return
+        ps = self.page_size
+        inside = length % ps != 0
+        kv.check_rewritable(self._slots_at(length[inside], np.flatnonzero(inside)), what)
+        pages = [self.page_table[b, n // ps : self.capacity[b] // ps]
+                 for b, n in enumerate(length.tolist())]
+        kv.unseal(np.concatenate(pages) if pages else np.zeros(0, dtype=np.int64))
+
+    def _slots_at(self, pos: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The slots of position ``pos[i]`` of row ``rows[i]``."""
+        ps = self.page_size
+        return self.page_table[rows, pos // ps] * ps + pos % ps
 
     def truncate(self, kv: KvStore, kv_len: np.ndarray, sealed_len: Any, written_end: Any,
                  zero: bool) -> bool:
@@ -222,8 +242,10 @@ class ActiveStep:
                              f"sealed_len {sealed.tolist()}")
         if zero:
             self.check_not_below_prefix(sealed, written, "truncate_to zeroing")
+        self.unseal(kv, sealed, "truncate_to")  # (checked before anything is zeroed)
+        if zero:
             kv.zero_slots(self.range_slots(sealed, written))
-        return self.seal(kv_len, sealed)
+        return self.seal(kv, kv_len, sealed)
 
     def move(self, kv: KvStore, kv_len: np.ndarray, src: Any, dst: Any) -> None:
         """Copy the KV of positions ``src[b, j]`` to ``dst[b, j]`` of every active row b on every
@@ -243,7 +265,10 @@ class ActiveStep:
                              f"(matched {self.matched.tolist()}, kv_len {written[:, 0].tolist()}), "
                              f"got {dst_a.tolist()}")
         moving = (src_a != dst_a).reshape(-1)
-        kv.copy_slots(self.position_slots(src_a)[moving], self.position_slots(dst_a)[moving])
+        src_s, dst_s = self.position_slots(src_a)[moving], self.position_slots(dst_a)[moving]
+        kv.check_raw(np.concatenate([src_s, dst_s]), "move_kv")
+        kv.copy_slots(src_s, dst_s)
+        kv.unseal(np.unique(dst_s // self.page_size))
 
     def position_slots(self, pos: np.ndarray) -> np.ndarray:
         """Slots of positions ``pos`` ``int64[B, L]`` (each within its row's capacity), row-major
@@ -262,6 +287,7 @@ class ActiveStep:
             raise ValueError(f"invalidate_range needs from_pos <= end_pos, got {start.tolist()} "
                              f"and {end.tolist()}")
         self.check_not_below_prefix(start, end, "invalidate_range")
+        self.unseal(kv, np.where(end > start, start, self.capacity), "invalidate_range")
         kv.zero_slots(self.range_slots(start, end))
         self.lower_kv_len(kv_len, np.where(end > start, start, kv_len[self.rows]))
 
@@ -378,7 +404,7 @@ class ActiveStep:
         else:
             idx = self.check_index(idx, 0, length, "idx", clamp=padded)
         k, v = kv.read(layer, idx)
-        shape = (self.batch, length, *kv.key_cache.shape[2:])
+        shape = (self.batch, length, *kv.head_shape)
         return k.view(shape), v.view(shape)
 
 

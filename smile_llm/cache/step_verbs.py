@@ -121,7 +121,11 @@ class StepVerbs:
                 idx, records = prepared
         commit = self._commit()
         assert commit is not None, "the pool that owns these verbs is gone"
-        return KvStep(self._kv, step, window, seqlen, idx, records, commit)
+        plan = None
+        if not self._kv.direct:
+            plan = self._kv.plan_window(step.page_table, step.start_of(window), seqlen,
+                                        [b.page_ids for b in step.bindings])
+        return KvStep(self._kv, step, window, seqlen, idx, records, commit, plan)
 
     def _record(self, kv: KvStep) -> None:
         if kv.records:
@@ -209,7 +213,7 @@ class StepVerbs:
         False when it was rebuilt (drop graphs keyed to the old tensors); sealing every row at 0
         leaves no step CSR."""
         step = self._graphs.csr_step()
-        return step.seal(self._table.kv_len, step.lengths(sealed_len, "sealed_len"))
+        return step.seal(self._kv, self._table.kv_len, step.lengths(sealed_len, "sealed_len"))
 
     def truncate_to(self, sealed_len: Any, written_end: Any) -> bool:
         """After a verify window wrote up to ``written_end``, seal to ``sealed_len``; with

@@ -1,7 +1,8 @@
-"""Tensor parallelism on ``torch.distributed``: the process group (``group``), the sharding of
-a checkpoint and of the model's geometry (``sharding``), and the lockstep that makes every
-rank's pools take rank 0's decisions (``lockstep``). Launched by ``torchrun``: NCCL on CUDA,
-gloo on the CPU."""
+"""Tensor and pipeline parallelism on ``torch.distributed``: the process group (``group``), the
+lockstep that makes every rank's pools take rank 0's decisions (``lockstep``), and the pipeline's
+stages and their point-to-point transfers (``pipeline``); the sharding of a checkpoint is
+``models.sharding``, a stage's part of the model ``models.stages``. Launched by ``torchrun``: NCCL
+on CUDA, gloo on the CPU."""
 
 from .group import TensorParallel, init_tensor_parallel
 

@@ -24,7 +24,8 @@ DEFAULT_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True)
 class TensorParallel:
-    """``rank`` of ``size`` ranks in the default process group. ``size == 1`` is plain single-device
+    """``rank`` of ``size`` ranks in the default process group, or in ``group`` (a pipeline stage's
+    tensor-parallel ranks, ``distributed.pipeline``). ``size == 1`` is plain single-device
     serving: every collective is the identity. ``sent`` counts the bytes this rank contributed to
     each kind of collective."""
 
@@ -35,6 +36,8 @@ class TensorParallel:
                                  compare=False)
     # init_tensor_parallel created the default process group (leave() destroys it)
     owns_group: bool = False
+    # the collectives' process group (None: the default group, every rank of the job)
+    group: Any = field(default=None, compare=False, repr=False)
 
     @property
     def is_leader(self) -> bool:
@@ -51,7 +54,7 @@ class TensorParallel:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The sum of every rank's ``x`` (in place; returned). The identity for one rank."""
         if self.size > 1:
-            dist.all_reduce(x)
+            dist.all_reduce(x, group=self.group)
             self.sent["all_reduce"] += x.numel() * x.element_size()
         return x
 
@@ -61,20 +64,21 @@ class TensorParallel:
         if self.size == 1:
             return x
         parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x.contiguous())
+        dist.all_gather(parts, x.contiguous(), group=self.group)
         self.sent["all_gather"] += x.numel() * x.element_size()
         return torch.cat(parts, dim=-1)
 
     def broadcast_object(self, obj: Any = None) -> Any:
         """Rank 0's ``obj`` on every rank (pickled; tensors inside travel on the CPU)."""
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0 if self.group is None else
+                                   dist.get_global_rank(self.group, 0), group=self.group)
         return box[0]
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order."""
         out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=self.group)
         return out
 
 

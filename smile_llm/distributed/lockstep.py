@@ -19,6 +19,9 @@ plan can tell a hung rank 0 from an idle one: every wait is bounded by the proce
 A dead rank breaks the connections (gloo reports it at once; NCCL's watchdog aborts after its
 timeout); either way the other ranks end instead of hanging forever. ``Leader.stop`` ends the
 followers' loops (``LanguageModel.close`` on rank 0), after which each rank closes its own pools.
+
+With pipeline parallelism (``pipeline``) the plans go to every rank of the job: each stage replays
+the calls on its own pools and runs its own layers of each forward.
 """
 
 from __future__ import annotations
@@ -100,7 +103,11 @@ class Leader:
             digests = ({key: pool.state_digest() for key, pool in self.pools.items()}
                        if self.check else None)
         plan = (calls, op, digests)
-        self.tp.broadcast_object(plan)
+        try:
+            self.tp.broadcast_object(plan)
+        except Exception as exc:  # a rank died or hung: no later plan can reach every rank
+            self.broken = f"sending plan {self.plans_sent + 1} failed: {exc!r}"
+            raise LockstepError(f"the tensor-parallel group is broken: {self.broken}") from exc
         self.plans_sent += 1
         self.bytes_sent += plan_bytes(plan)
         self._last_send = time.monotonic()
@@ -185,15 +192,20 @@ def follow(tp: TensorParallel, pools: Mapping[str, KvCachePool],
            begin_chain: Callable[[KvCachePool, np.ndarray, int], Any], device: torch.device) -> int:
     """A follower's loop: receive each plan, replay its calls on ``pools``, check the digests, run
     its forward (``run_forward``, ``run_draft``, or a column of the draft chain ``begin_chain``
-    built at column 0); returns the number of plans once rank 0 stops. LockstepError on divergence
-    or when a replayed call or forward raises (rank 0 checked them before sending); a collective
-    error (rank 0 died or hung past the timeout) propagates."""
+    built at column 0); returns the number of plans once rank 0 stops. LockstepError on divergence,
+    when a replayed call or forward raises (rank 0 checked them before sending), or when a plan does
+    not come (rank 0 died or hung past the timeout)."""
     handles: dict[tuple[str, int], OffloadedKv] = {}
     plans = 0
     last: Any = None  # the last forward's output (its DeltaNet states, for a rewind)
     chain: Any = None  # the current draft round's chain
     while True:
-        calls, op, digests = tp.broadcast_object()
+        try:
+            calls, op, digests = tp.broadcast_object()
+        except Exception as exc:
+            raise LockstepError(f"rank {tp.rank}: waiting for plan {plans + 1} failed (rank 0 "
+                                f"died, hung past the timeout or broke the group): {exc!r}") \
+                from exc
         plans += 1
         for key, verb, args, kwargs in calls:
             try:

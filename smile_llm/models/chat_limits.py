@@ -59,6 +59,9 @@ class Overrun(BaseException):
     RenderBudgetError."""
 
 
+_ENTRY_EVENTS = frozenset({"call", "c_call"})  # where the profile hook may stop a call
+
+
 class RenderBudget:
     """One render's running account of its ``limits``: the deadline, the call depth and the
     characters produced. Every check raises RenderBudgetError naming the limit; ``watch`` runs
@@ -88,9 +91,12 @@ class RenderBudget:
             sys.setprofile(previous)
 
     def hook(self, frame: FrameType, event: str, arg: Any) -> None:
-        """The profile function while ``watch`` runs: at every Python and C function call and
-        return, Overrun once the deadline has passed (Python then drops the hook: one raise)."""
-        if self.watching and time.monotonic() > self.deadline:
+        """The profile function while ``watch`` runs: at every Python and C function call, Overrun
+        once the deadline has passed (Python then drops the hook: one raise). Only at a call: a raise
+        at a return would replace or chain an exception already on its way out (a C function's, or
+        one the template's own handler is rewriting), and what reached the caller would be that
+        confusion instead of the overrun."""
+        if event in _ENTRY_EVENTS and self.watching and time.monotonic() > self.deadline:
             self.watching = False
             raise Overrun
 

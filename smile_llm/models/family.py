@@ -21,10 +21,14 @@ class ModelFamily:
     """``name``; ``matches(config)``: whether a normalised config is of this family;
     ``layers(config)``: the main stack's decoder layers, in order; ``mtp_layer(config, i)``: layer i
     of the MTP head (a full-attention layer over the head's own KV pool); ``norm(dim, eps)``: the
-    family's RMS norm (final norm and the head's norms)."""
+    family's RMS norm (final norm and the head's norms); ``layer(config, i, kv_layer,
+    linear_layer)``: decoder layer i alone, over KV pool layer ``kv_layer`` or DeltaNet state layer
+    ``linear_layer`` (a pipeline stage's own numbering, ``stages``; None: the family cannot be
+    split into stages)."""
 
     name: str
     matches: Callable[[ModelConfig], bool]
     layers: Callable[[ModelConfig], list[nn.Module]]
     mtp_layer: Callable[[ModelConfig, int], nn.Module]
     norm: Callable[[int, float], nn.Module]
+    layer: Callable[[ModelConfig, int, int, int], nn.Module] | None = None

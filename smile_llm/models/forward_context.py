@@ -106,12 +106,19 @@ class ForwardContext:
         self.start = start  # int64[B]
         self.batch, self.seqlen = len(start), seqlen
         self.head_dim = head_dim
-        meta = pool.shared_flashinfer_metadata(start + seqlen)
         self.kv: KvStep = pool.kv_step(_window_start(start), seqlen)
-        qo_indptr = None
-        if seqlen > 1:
-            qo_indptr = torch.arange(0, (self.batch + 1) * seqlen, seqlen, dtype=torch.int32,
-                                     device=pool.device)
+        view = self.kv.attention_csr()  # a pool that is not direct: the window's sub-rows
+        qo_indptr: torch.Tensor | None = None
+        if view is not None:
+            if custom_mask is not None:
+                raise ValueError("a token tree's window needs a pool that stores every layer "
+                                 "alike in a dense dtype; this pool's KV is read through views")
+            meta, qo_indptr = view
+        else:
+            meta = pool.shared_flashinfer_metadata(start + seqlen)
+            if seqlen > 1:
+                qo_indptr = torch.arange(0, (self.batch + 1) * seqlen, seqlen, dtype=torch.int32,
+                                         device=pool.device)
         if custom_mask is None:  # (backends written before custom masks take no such argument)
             backend.plan(meta, num_qo_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                          qo_indptr=qo_indptr, causal=True, q_dtype=dtype, kv_dtype=pool.dtype)

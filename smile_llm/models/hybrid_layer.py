@@ -80,4 +80,4 @@ def _mtp_layer(config: ModelConfig, index: int) -> nn.Module:
 # Qwen3.5 / Qwen3-Next: Gated DeltaNet and gated-attention layers (MoE where the config says),
 # zero-centred norms
 HYBRID = ModelFamily("hybrid", matches=_is_hybrid, layers=_hybrid_layers, mtp_layer=_mtp_layer,
-                     norm=ZeroCenteredRMSNorm)
+                     norm=ZeroCenteredRMSNorm, layer=HybridDecoderLayer)

@@ -184,6 +184,10 @@ def _dense_layers(config: ModelConfig) -> list[nn.Module]:
     return [DecoderLayer(config, i) for i in range(config.num_hidden_layers)]
 
 
+def _dense_layer(config: ModelConfig, index: int, kv_layer: int, linear_layer: int) -> nn.Module:
+    return DecoderLayer(config, kv_layer)  # every layer attends: its KV layer is its own
+
+
 def _every_config(config: ModelConfig) -> bool:
     return True
 
@@ -191,4 +195,4 @@ def _every_config(config: ModelConfig) -> bool:
 # Llama, Qwen2, Qwen3 and their kin: pre-norm attention + SwiGLU layers; the MTP head's layers
 # are the same kind
 DENSE = ModelFamily("dense", matches=_every_config, layers=_dense_layers, mtp_layer=DecoderLayer,
-                    norm=RMSNorm)
+                    norm=RMSNorm, layer=_dense_layer)

@@ -44,6 +44,7 @@ import torch
 
 from ..distributed.group import TensorParallel
 from .config import ModelConfig
+from .stages import PipelineStage
 from .weights import checkpoint_files
 
 DELTANET_VALUE_ROWS = ("in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight", "dt_bias",
@@ -155,27 +156,31 @@ def shard_range(name: str, shape: tuple[int, ...], config: ModelConfig,
     return None
 
 
-def read_sharded_checkpoint(folder: Path, config: ModelConfig,
-                            tp: TensorParallel) -> dict[str, torch.Tensor]:
+def read_sharded_checkpoint(folder: Path, config: ModelConfig, tp: TensorParallel,
+                            stage: PipelineStage | None = None) -> dict[str, torch.Tensor]:
     """Rank ``tp.rank``'s slice of every tensor in the checkpoint (only those bytes are read),
-    vocabulary partitions padded with zero rows to ``vocab_partition``."""
+    vocabulary partitions padded with zero rows to ``vocab_partition``; with a pipeline ``stage``,
+    only the tensors that stage holds, under its names (``PipelineStage.checkpoint_name``)."""
     from safetensors import safe_open
 
     part = vocab_partition(config.vocab_size, tp.size)
     tensors: dict[str, torch.Tensor] = {}
     for f in checkpoint_files(folder):
         with safe_open(str(f), framework="pt") as handle:
-            for name in handle.keys():
-                sl = handle.get_slice(name)
+            for key in handle.keys():
+                name = key if stage is None else stage.checkpoint_name(key, config)
+                if name is None:  # another pipeline stage's
+                    continue
+                sl = handle.get_slice(key)
                 shape = tuple(int(x) for x in sl.get_shape())
                 where = shard_ranges(name, shape, config, tp)
                 # added once to the summed output: rank 0's, zeros elsewhere
                 if name.endswith(ROW_PARALLEL_BIAS):
-                    t = handle.get_tensor(name)
+                    t = handle.get_tensor(key)
                     tensors[name] = t if tp.rank == 0 else torch.zeros_like(t)
                     continue
                 if where is None:
-                    tensors[name] = handle.get_tensor(name)
+                    tensors[name] = handle.get_tensor(key)
                     continue
                 dim, blocks = where
                 parts = [sl[a:b] if dim == 0 else sl[:, a:b] for a, b in blocks]

@@ -31,14 +31,20 @@ from .config import ModelConfig
 from .config_hybrid import LINEAR_ATTENTION
 
 
-def state_specs(config: ModelConfig, dtype: torch.dtype) -> dict[str, StateSpec]:
+def state_specs(config: ModelConfig, dtype: torch.dtype,
+                layers: int | None = None) -> dict[str, StateSpec]:
     """The state pool kinds of a hybrid model: per request, every DeltaNet layer's conv and
-    recurrent state."""
+    recurrent state; ``layers``: how many DeltaNet layers (default: the model's; a pipeline stage
+    holds its own). A stage with none keeps one element per request and kind: the slots and
+    snapshots every stage books alike (``stages``), no state."""
     la = config.linear_attention
     if la is None:
         raise ValueError("state_specs needs a hybrid config (linear_attention geometry)")
-    layers = sum(1 for t in config.layer_types if t == LINEAR_ATTENTION)
     recurrent_dtype = getattr(torch, la.state_dtype)
+    if layers is None:
+        layers = sum(1 for t in config.layer_types if t == LINEAR_ATTENTION)
+    if layers == 0:
+        return {"conv": StateSpec((1,), dtype), "recurrent": StateSpec((1,), recurrent_dtype)}
     return {"conv": StateSpec((layers, *la.conv_state_shape), dtype),
             "recurrent": StateSpec((layers, *la.recurrent_state_shape), recurrent_dtype)}
 

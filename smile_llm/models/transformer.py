@@ -25,6 +25,7 @@ from .forward_context import ForwardContext, LayerContext, RopeTable
 from .families import family_of
 from .layers import rope_inv_freq
 from .mtp_head import MtpHead
+from .stages import PipelineStage, draft_outputs, placeholder_linear, run_stage
 from .state_step import StateStep
 
 
@@ -53,23 +54,31 @@ class DraftOutput:
 
 class DecoderModel(nn.Module):
     """HF's ``model.*`` part: ``embed_tokens``, ``layers`` and ``norm``, as the config's family
-    builds them (``families.family_of``)."""
+    builds them (``families.family_of``); a pipeline ``stage``'s layers and parts only (the others
+    with no rows, see ``stages``)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, stage: PipelineStage | None = None) -> None:
         super().__init__()
         family = family_of(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(family.layers(config))
-        self.norm = family.norm(config.hidden_size, config.rms_norm_eps)
+        embed = stage is None or stage.holds_embedding
+        self.embed_tokens = nn.Embedding(config.vocab_size if embed else 0, config.hidden_size)
+        self.layers = nn.ModuleList(family.layers(config) if stage is None
+                                    else stage.build_layers(config))
+        self.norm = family.norm(config.hidden_size if stage is None or stage.is_last else 0,
+                                config.rms_norm_eps)
 
 
 class Transformer(nn.Module):
-    """A causal LM with HF parameter names (``model.*``, ``lm_head``)."""
+    """A causal LM with HF parameter names (``model.*``, ``lm_head``); with a pipeline ``stage``
+    of several, that stage's part (``stages``)."""
 
     def __init__(self, config: ModelConfig, tp: TensorParallel | None = None,
-                 vocab_size: int | None = None) -> None:
+                 vocab_size: int | None = None, stage: PipelineStage | None = None) -> None:
         super().__init__()
         self.config = config
+        # this rank's stage of a pipeline (None: the whole model)
+        self.stage = stage if stage is not None and stage.count > 1 else None
+        head = self.stage is None or self.stage.is_last  # the final norm, LM head and MTP head
         self.tp = tp if tp is not None and tp.size > 1 else None  # None: one rank
         # the shard's size would silently cut every logits row
         if self.tp is not None and vocab_size is None:
@@ -79,11 +88,12 @@ class Transformer(nn.Module):
         self.vocab_size = vocab_size or config.vocab_size
         # rank 0 of a tensor-parallel group: sends each forward to the followers
         self.leader: Leader | None = None
-        self.model = DecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.model = DecoderModel(config, self.stage)
+        self.lm_head = (nn.Linear(config.hidden_size, config.vocab_size, bias=False) if head
+                        else placeholder_linear(config.hidden_size))
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.mtp = MtpHead(config) if config.mtp_num_hidden_layers else None
+        self.mtp = MtpHead(config) if config.mtp_num_hidden_layers and head else None
         self._rope = RopeTable()
         self.register_buffer("inv_freq", rope_inv_freq(config.rotary_dim, config.rope_theta,
                                                        config.rope_scaling),
@@ -115,6 +125,18 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         """The parameters' dtype."""
         return self.model.embed_tokens.weight.dtype
+
+    @property
+    def has_mtp(self) -> bool:
+        """Whether the model drafts with an MTP head: this rank holds it, or (a pipeline stage) the
+        last stage does."""
+        return self.mtp is not None or (self.stage is not None
+                                        and self.config.mtp_num_hidden_layers > 0)
+
+    def layer(self, index: int) -> nn.Module:
+        """Decoder layer ``index`` in the model's numbering. LayerNotHeldError (an IndexError) on a
+        pipeline stage that does not hold it; IndexError past the model's layers."""
+        return self.model.layers[index if self.stage is None else self.stage.local_layer(index)]
 
     def context(self, pool: KvCachePool, backend: AttentionBackend, start: np.ndarray, seqlen: int,
                 valid: np.ndarray | None = None, keep_states: bool = False,
@@ -171,6 +193,8 @@ class Transformer(nn.Module):
         """The forward over a prepared context (CUDA-graph runners capture this with static
         buffers); commits the context's KV write once every layer has run (a forward that raises
         records nothing). ``logit_cols`` as in ``forward``."""
+        if self.stage is not None:  # this stage's layers, the activations from and to its peers
+            return ForwardOutput(*run_stage(self, self.stage, tokens, ctx, logit_cols), ctx.states)
         x = self.embed(tokens)
         for layer in self.model.layers:
             x = layer.forward(x, ctx)  # no hooks: skip Module.__call__ (see DecoderLayer.forward)
@@ -203,7 +227,7 @@ class Transformer(nn.Module):
         the step succeeded). Returns logits and head output at column ``cols[b]`` of each row
         (default: the last), so padded columns after a row's real ones are never read. RuntimeError
         without an MTP head."""
-        if self.mtp is None:
+        if not self.has_mtp:
             raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0); it cannot "
                                "draft")
         ctx = self.context(pool, backend, start, tokens.shape[1])  # checks every input
@@ -221,6 +245,9 @@ class Transformer(nn.Module):
 
     def _draft(self, tokens: torch.Tensor, hidden: torch.Tensor, cols: np.ndarray | None,
                ctx: LayerContext) -> DraftOutput:
+        if self.stage is not None and self.mtp is None:  # the MTP head is the last stage's
+            return DraftOutput(*draft_outputs(self, self.stage, tokens.shape[0], tokens.device,
+                                              ctx))
         assert self.mtp is not None
         x = self.mtp.forward(self.embed(tokens), hidden, ctx)
         if cols is None or (cols == x.shape[1] - 1).all():
@@ -228,5 +255,7 @@ class Transformer(nn.Module):
         else:
             last = x[torch.arange(x.shape[0], device=x.device), torch.from_numpy(cols).to(x.device)]
         out = DraftOutput(self.logits(self.mtp.norm.forward(last)), last)
+        if self.stage is not None and self.stage.pipe is not None:  # to rank 0
+            self.stage.pipe.send_outputs(out.logits, out.hidden)
         ctx.commit()
         return out

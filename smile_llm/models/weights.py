@@ -113,10 +113,11 @@ def read_checkpoint(folder: Path) -> dict[str, torch.Tensor]:
 def load_into(module: nn.Module, tensors: dict[str, torch.Tensor], dtype: torch.dtype,
               prefixes_ignored: tuple[str, ...] = (), tied: tuple[str, ...] = ()) -> None:
     """Copy ``tensors`` into ``module``'s parameters by name, cast to ``dtype``. ValueError naming
-    the first tensor that is missing (except ``tied`` ones), unexpected (except under
+    the first tensor that is missing (except ``tied`` ones and parameters of no elements: a
+    pipeline stage's placeholders for the parts it does not hold), unexpected (except under
     ``prefixes_ignored``) or of the wrong shape."""
     params = dict(module.named_parameters(remove_duplicate=False))
-    missing = [n for n in params if n not in tensors and n not in tied]
+    missing = [n for n, p in params.items() if n not in tensors and n not in tied and p.numel()]
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, first {missing[0]!r} "
                          f"(shape {tuple(params[missing[0]].shape)})")

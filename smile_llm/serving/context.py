@@ -18,10 +18,11 @@ from ..models.config import MAX_SPECULATIVE_TOKENS
 from ..models.tokenizer import Tokenizer
 from ..sampling.grammar_compiler import GrammarCompiler
 from ..speculative.drafters import Drafter
-from ..errors import RequestTypeError
+from ..errors import RequestTypeError, SegmentError
 from .model_runner import ModelRunner
 from .sequence import Sequence as Row
 from .request import AUTO, Request, RequestHandle, SamplingParams, as_listener, check_prompt
+from .segments import SegmentLayout, Splice, pad_token
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,17 @@ class ServingContext:
             raise ValueError("the prompt is empty; give at least one token")
         return ids
 
+    def segment_tokens(self, segment: str | Sequence[int]) -> list[int]:
+        """The ids of a segment to register (``encode``): ValueError for an empty one or one that
+        leaves no room for a prompt token after it within ``max_seq_len``; RequestTypeError for a
+        value that is no prompt (``check_prompt``)."""
+        check_prompt(segment, "segment")
+        ids = self.encode(segment)
+        if len(ids) >= self.max_seq_len:
+            raise ValueError(f"segment of {len(ids)} tokens leaves no room for a prompt token "
+                             f"within max_seq_len {self.max_seq_len}; shorten it")
+        return ids
+
     def speculative_tokens_for(self, requested: int | None) -> int:
         """Drafts per round for a request: 0 without a drafter or for ``requested == 0``; None means
         the drafter's default (``drafter.num_speculative_tokens``); at most MAX_SPECULATIVE_TOKENS.
@@ -116,6 +128,10 @@ class ServingContext:
                              "at a time with n=1")
         check_prompt(prompt)
         ids = self.encode(prompt)
+        splices: tuple[Splice, ...] = ()
+        if params.segments is not None:  # laid out before the prompt (segments.lay_out)
+            layout = self.segment_layout(params)
+            ids, splices = layout.tokens + ids, layout.splices
         if len(ids) > self.max_seq_len:
             raise ValueError(f"prompt of {len(ids)} tokens exceeds max_seq_len {self.max_seq_len}; "
                              "shorten it or load the model with a larger max_seq_len")
@@ -153,4 +169,16 @@ class ServingContext:
         grammar = None if constraint is None else self.grammars.compile(constraint)
         return Request(ids, params, min(params.max_new_tokens, self.max_seq_len - len(ids)),
                        frozenset(stop_ids), tuple(stop_texts), drafts, listener, cancel, on_round,
-                       adaptive and drafts > 0, grammar)
+                       adaptive and drafts > 0, grammar, splices)
+
+    def segment_layout(self, params: SamplingParams) -> SegmentLayout:
+        """The prompt tokens and splices of ``params.segments`` (``SegmentRegistry.lay_out``: each
+        segment at the next page boundary, padded with ``segments.pad_token``). SegmentError for a
+        segment this model cannot use or for ``prompt_logprobs`` (a spliced position has no
+        logits); SegmentUnsupportedError for a model that cannot splice."""
+        if params.prompt_logprobs is not None:
+            raise SegmentError("prompt_logprobs: a request with segments computes no logits at the "
+                               "positions it splices; drop one of the two")
+        pad = pad_token(self.tokenizer.encode, self.eos_token_ids)
+        return self.runner.segments.lay_out(params.segments or (), self.tokenizer.encode,
+                                            self.token_ids, pad)

@@ -28,6 +28,7 @@ from ..speculative.guarded_drafter import GuardedDrafter
 from ..speculative.guarded_policy import GuardedPolicy
 from ..speculative.row_acceptance import accept_tree_row, accept_window
 from .sequence import MAX_FORCED_TOKENS, Sequence
+from .segments import SegmentRegistry
 from ..speculative.acceptance import AcceptResult, RoundRecord
 from ..models.transformer import ForwardOutput, Transformer
 from .cuda_graphs import DecodeGraphRunner, VerifyGraphRunner
@@ -58,6 +59,8 @@ class ModelRunner:
         self.policy = GuardedPolicy(ThroughputPolicy())
         # constrained rows append the tokens their grammar forces in one verify forward
         self.jump_forward = True
+        # segments registered with the model, spliced into the prompts that name them
+        self.segments = SegmentRegistry(transformer, pool, backend, PREFILL_CHUNK)
 
     @property
     def drafter(self) -> Drafter | None:
@@ -100,11 +103,17 @@ class ModelRunner:
     def prefill(self, seq: Sequence, max_tokens: int | None = None) -> bool:
         """Prefill up to ``max_tokens`` (default: all) of the prompt positions not yet written, in
         chunks of at most PREFILL_CHUNK; True once the whole prompt is written (``seq.logits`` then
-        predict the first token)."""
+        predict the first token). A registered segment's positions are spliced, not computed
+        (``SegmentRegistry.splice``, when the prefill reaches it; a chunk ends before it)."""
         end = len(seq.prompt) if max_tokens is None else min(len(seq.prompt),
                                                              seq.prefilled + max_tokens)
         while seq.prefilled < end:
+            if seq.splices and seq.splices[0].offset <= seq.prefilled:
+                self.segments.splice(seq)
+                continue
             start, stop = seq.prefilled, min(end, seq.prefilled + PREFILL_CHUNK)
+            if seq.splices:
+                stop = min(stop, seq.splices[0].offset)
             self._activate([seq])
             x = torch.tensor([seq.prompt[start:stop]], dtype=torch.int64, device=self.pool.device)
             # logits at every prompt position, not just the last
@@ -159,11 +168,13 @@ class ModelRunner:
     def padded_prefill_fits(seqs: list[Sequence]) -> bool:
         """Whether ``prefill_batch`` can take ``seqs``: each has 1..PREFILL_CHUNK prompt positions
         left, its padding to the longest stays inside its bound capacity, and none asks for prompt
-        logprobs (those prefill alone, with logits at every position)."""
+        logprobs (those prefill alone, with logits at every position) or has a segment left to
+        splice."""
         rem = [len(s.prompt) - s.prefilled for s in seqs]
         width = max(rem, default=0)
         return bool(seqs) and min(rem) >= 1 and width <= PREFILL_CHUNK and \
-            all(s.prefilled + width <= s.capacity and s.prompt_logprobs is None for s in seqs)
+            all(s.prefilled + width <= s.capacity and s.prompt_logprobs is None and not s.splices
+                for s in seqs)
 
     @staticmethod
     def padded_prefill_groups(seqs: list[Sequence]) -> list[list[Sequence]]:
@@ -187,8 +198,12 @@ class ModelRunner:
     def prefill_together(self, seqs: list[Sequence]) -> None:
         """Prefill the whole remaining prompts of ``seqs`` in as few forwards as the padding rules
         allow (``padded_prefill_groups``; a group of one is a plain ``prefill``). The callers then
-        take each first token."""
-        for group in self.padded_prefill_groups(seqs):
+        take each first token. A packed pool prefills each alone: padding that completes a page the
+        prompt does not would quantize it, and its raw values would be gone once the padding is
+        taken back."""
+        groups = self.padded_prefill_groups(seqs) if not self.pool.packed else \
+            [[seq] for seq in seqs]
+        for group in groups:
             if len(group) == 1:
                 self.prefill(group[0])
             else:

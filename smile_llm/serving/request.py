@@ -25,6 +25,7 @@ from ..speculative.acceptance import RoundRecord
 from ..speculative.draft_tree import MAX_BRANCHING, MAX_TREE_NODES
 from ..errors import RequestTypeError
 from .listener import LISTENER_EVENTS, GenerationListener, TextCallback
+from .segments import Splice, check_pieces
 from ..sampling.constraint import Constraint, constraint_of
 from ..sampling.processors import LogitsProcessing
 from ..sampling.sampler import GREEDY_TEMPERATURE
@@ -143,7 +144,10 @@ class SamplingParams:
     then). Constrained output (``constraint``; at most one of these): ``json_schema`` (a dict or
     its JSON text), ``json_object`` (True: any JSON object), ``regex``, ``grammar`` (a Lark grammar
     in llguidance's syntax), ``choice`` (a list of strings); the allowed tokens are masked before
-    the processors and warpers, and the request stops when the grammar ends.
+    the processors and warpers, and the request stops when the grammar ends. ``segments``: pieces
+    laid out before the prompt (``segments`` module, ``docs/segments.md``): text, token ids, or
+    ``Segment`` handles from ``LanguageModel.register_segment``, each segment's KV spliced at the
+    next page boundary instead of computed.
 
     Validated on construction: RequestTypeError (a TypeError and a ValueError) for a field of the
     wrong type, ValueError for a value out of range, both naming the field."""
@@ -171,6 +175,7 @@ class SamplingParams:
     regex: str | None = None
     grammar: str | None = None
     choice: Any = None
+    segments: Any = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens):
@@ -213,6 +218,7 @@ class SamplingParams:
             if not isinstance(entry, str) and not (_is_int(entry) and entry >= 0):
                 raise RequestTypeError("stop entries must be token ids (ints >= 0) or "
                                        f"strings, got {entry!r}")
+        object.__setattr__(self, "segments", check_pieces(self.segments))
 
     def _check_logprobs(self) -> None:
         if not isinstance(self.logprobs, bool):
@@ -324,6 +330,22 @@ class SamplingParams:
 
 
 SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(SamplingParams))
+# SamplingParams fields generate() and generate_batch() take as keywords beyond their signature
+OPTION_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                 "logit_bias", "min_new_tokens", "prompt_logprobs", "draft_tree")
+# every keyword each LanguageModel call accepts, as its errors list them
+BATCH_KEYWORDS = SAMPLING_FIELDS
+STREAM_KEYWORDS = SAMPLING_FIELDS + ("cancel",)
+GENERATE_KEYWORDS = SAMPLING_FIELDS + ("listener", "cancel", "on_round")
+CHAT_KEYWORDS = GENERATE_KEYWORDS + ("tools", "chat_template_kwargs")
+
+
+def option_fields(given: dict[str, Any], call: str, accepted: tuple[str, ...]) -> dict[str, Any]:
+    """``given`` (the keywords ``call`` did not name in its signature) if it holds only
+    ``SamplingParams``' fields; RequestTypeError (a TypeError) for another name, suggesting the
+    closest of ``accepted`` and listing them all."""
+    check_keywords([k for k in given if k not in OPTION_FIELDS], accepted, call)
+    return given
 
 
 @dataclass(frozen=True)
@@ -347,6 +369,8 @@ class Request:
     adaptive: bool = False
     # the compiled output constraint (None: free text); each sequence starts its own state of it
     grammar: CompiledGrammar | None = None
+    # registered segments placed in the prompt, their KV spliced instead of computed (in order)
+    splices: tuple[Splice, ...] = ()
 
 
 class HandleOwner(Protocol):

@@ -43,6 +43,7 @@ from .model_runner import BATCHED_PREFILL_TOKENS, PREFILL_CHUNK
 from ..errors import GenerationCancelled
 from .request import RequestHandle
 from .sequence import Sequence
+from .kv_fingerprint_log import KvEndHook, hook_from_env
 
 if TYPE_CHECKING:
     from .context import ServingContext
@@ -81,6 +82,8 @@ class Scheduler:
         # requests ended so far (completed, failed or cancelled): waiters need waking when it moves
         self.ended = 0
         self._admissions = itertools.count(1)
+        # run with a request's KV still bound, just before its release (SMILE_KV_FINGERPRINT=1)
+        self.kv_end_hook: KvEndHook | None = hook_from_env()
 
     # ------------------------------------------------------------------ queries
     def has_work(self) -> bool:
@@ -244,10 +247,10 @@ class Scheduler:
         return decoding
 
     def _prefilled(self, seq: Sequence) -> None:
-        """A whole prompt is written: take the first token and cache the prompt, so later binds can
-        match it."""
+        """A whole prompt is written: take the first token and cache the prompt (up to its first
+        shifted segment, ``Sequence.cacheable``), so later binds can match it."""
         seq.take_next()
-        self.context.pool.cache_prefix(seq.request_id, seq.prompt)
+        self.context.pool.cache_prefix(seq.request_id, seq.cacheable(seq.prompt))
 
     # ------------------------------------------------------------------ capacity and preemption
     def _reserve(self, decoding: list[Sequence]) -> list[Sequence]:
@@ -368,8 +371,10 @@ class Scheduler:
             if seq.adaptive:
                 runner.policy.forget(seq)
             pool = self.context.pool
+            if self.kv_end_hook is not None and seq.offload is None:
+                self.kv_end_hook(pool, seq)  # never raises
             if insert and seq.offload is None:
-                pool.finish_request(seq.request_id, seq.prompt + seq.tokens)
+                pool.finish_request(seq.request_id, seq.cacheable(seq.prompt + seq.tokens))
             else:
                 pool.unbind_request(seq.request_id)
             seq.offload = None

@@ -95,6 +95,11 @@ class Sequence:
         self.sent = 0  # characters of ``text`` already given to on_text
         self.logits: torch.Tensor | None = None  # [1, V]: the last forward's logits at last_pos - 1
         self.prefilled = matched  # prompt positions whose KV is written
+        # segments still to splice (those a prefix hit covers are dropped), the first position a
+        # shifted one wrote (the prefix tree caches only what precedes it), tokens spliced
+        self.splices = [s for s in request.splices if s.end > matched]
+        self.exact_len: int | None = None
+        self.spliced_tokens = 0
         self.t0 = time.perf_counter()
         self.prefill_s = 0.0
         self.forwards = 0
@@ -319,7 +324,8 @@ class Sequence:
         ``tokens_per_s``; for a constrained request also ``forced_tokens`` (appended by
         jump-forward, unsampled) and ``constraint_complete`` (whether the output is a whole match
         of its grammar: False when it ended at the limit, or at a stop, before the grammar
-        could)."""
+        could); for a request with segments also ``spliced_tokens`` (prompt positions whose KV was
+        spliced, not computed)."""
         elapsed = time.perf_counter() - self.t0
         decode_s = max(elapsed - self.prefill_s, 1e-9)
         n = len(self.tokens)
@@ -344,7 +350,14 @@ class Sequence:
             "decode_s": decode_s,
             "tokens_per_s": max(n - 1, 0) / decode_s,
         } | ({"forced_tokens": self.forced_tokens, "constraint_complete": self.constraint_complete}
-             if self.constrained else {})
+             if self.constrained else {}) | ({"spliced_tokens": self.spliced_tokens}
+                                             if self.request.splices else {})
+
+    def cacheable(self, tokens: list[int]) -> list[int]:
+        """``tokens`` (the prompt, or the prompt and the generated tokens) cut before the first
+        position a shifted segment's splice wrote: all the prefix tree may cache of this request,
+        whose later KV never attended to what precedes that segment."""
+        return tokens if self.exact_len is None else tokens[: self.exact_len]
 
     def completion(self) -> Completion:
         """Flush the held-back text to the listener and return the request's ``Completion`` (check

@@ -22,7 +22,9 @@ The chain plans its backend once, so the backend must be its own: a forward that
 two steps would leave the chain attending with that forward's plan (the MTP and draft-model drafters
 keep a second backend for their chains, ``companion_backend``). One chain serves one round on the
 driver thread. With tensor parallelism each MTP step is sent to the followers, which build the same
-chain at column 0 (``Leader.chain_step``); a draft model runs on one rank.
+chain at column 0 (``Leader.chain_step``); with pipeline parallelism the last stage runs the head
+and returns each column's logits and output to rank 0 (``models.stages``); a draft model runs on
+one rank.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class DraftChain:
         previous step) and ``hidden`` ``[B, 1, D]`` (the head's previous output). Returns the head's
         logits and output at this column. RuntimeError past the last column, or for a model without
         an MTP head."""
-        if self.transformer.mtp is None:
+        if not self.transformer.has_mtp:
             raise RuntimeError("this model has no MTP head (mtp_num_hidden_layers is 0): its "
                                "chain runs forward()")
         j = self._next_column()

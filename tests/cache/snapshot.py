@@ -51,9 +51,22 @@ def pool_snapshot(pool: KvCachePool, with_kv: bool = True) -> dict[str, Any]:
         "reuse": pool.prefix_reuse_enabled,
         "states": [(sorted(st._slot_of.items()), list(st._free), sorted(st._offloaded)) for st in pool.state_pools],
     }
-    if with_kv:
+    if with_kv and pool.direct:
         snap["k"] = pool.key_cache.clone()
         snap["v"] = pool.value_cache.clone()
+    elif with_kv:  # every side's storage, a packed pool's tails and which pages are quantized
+        kv = pool._kv
+        for name, sides in (("k", kv.k_sides), ("v", kv.v_sides)):
+            for i, side in enumerate(sides):
+                if side.packed:
+                    for part, t in side.parts.items():
+                        snap[f"{name}{i}.{part}"] = t.clone()
+                    snap[f"{name}{i}.tails"] = side.tails.clone()
+                else:
+                    snap[f"{name}{i}"] = side.buffer.clone()
+        snap["tail_of"] = kv.tails.tail_of.tolist()
+        snap["packed_valid"] = kv.packed_valid.tolist()
+    if with_kv:
         for i, st in enumerate(pool.state_pools):
             for name, buf in st.buffers.items():
                 snap[f"state{i}.{name}"] = buf.clone()

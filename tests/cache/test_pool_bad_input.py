@@ -281,7 +281,7 @@ def test_set_kv_scales_errors(pool: KvCachePool) -> None:
 @pytest.mark.parametrize(
     "kwargs",
     [
-        dict(num_layers=0), dict(num_slots=0), dict(num_kv_heads=-1), dict(head_dim=1.5), dict(page_size=0),
+        dict(num_layers=-1), dict(num_slots=0), dict(num_kv_heads=-1), dict(head_dim=1.5), dict(page_size=0),
         dict(num_slots=30), dict(dtype=torch.int32), dict(fresh_page_fill="nan"), dict(k_scale=0.0),
         dict(v_scale=float("nan")), dict(k_scale=True), dict(k_scale=2.0), dict(v_scale=0.5, dtype=torch.bfloat16),
     ],

@@ -93,6 +93,21 @@ def test_a_process_group_the_model_made_is_destroyed_by_close(folder: Path, tmp_
     assert len(leader["tokens"]) == 4 and follower["plans"] > 0
 
 
+def test_tp2_on_packed_kv_quantizes_each_ranks_heads(folder: Path, tmp_path: Path) -> None:
+    """int4 KV under TP=2: each rank quantizes its own heads, the pools stay in lockstep (digests compared every
+    forward), speculation stays lossless, and the logits follow TP=1's on the same storage (quantization rounds at
+    slightly different inputs on the two paths, so the bound is quantization's, far below a sharding defect's)."""
+    leader, follower = run("packed", folder, tmp_path)
+    assert "error" not in leader, leader.get("traceback")
+    assert "error" not in follower, follower.get("traceback")
+    tp, one = leader["tp"], leader["one"]
+    assert tp["formats"] == one["formats"] == ["int4"] * len(one["formats"]) and not tp["direct"]
+    assert tp["spec"] == tp["plain"] and one["spec"] == one["plain"] and len(tp["plain"]) == 16
+    got, want = np.array(tp["logits"]), np.array(one["logits"])
+    assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+    assert follower["plans"] > 0
+
+
 def test_fewer_kv_heads_than_ranks_replicate_the_kv_head(tmp_path: Path, record_property: Any) -> None:
     """4 query heads, 1 KV head, 2 ranks: each rank keeps the one KV head (replicated) for its 2 query heads;
     Qwen2's q/k/v biases are split with them. Its n-gram drafter copies ids of the whole vocabulary (many past rank

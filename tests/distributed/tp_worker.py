@@ -252,6 +252,32 @@ def greedy(rank: int, folder: Path, result: dict[str, Any]) -> None:
     _follow_or(rank, lm, result, lead)
 
 
+def packed(rank: int, folder: Path, result: dict[str, Any]) -> None:
+    """TP=size and TP=1 on int4 KV (keys per channel, values per token, pages of 8 quantized once complete): each
+    rank quantizes its own heads. Rank 0 records step-by-step logits, greedy tokens plain and speculative (MTP,
+    verify windows across page boundaries taken back); digest check on."""
+    from smile_llm.language_model import LanguageModel
+
+    def packed_model(tp: int, **kwargs: Any) -> Any:
+        return LanguageModel.from_pretrained(folder, page_size=8, max_seq_len=128, max_batch_size=4,
+                                             tensor_parallel=tp, kv_dtype="int4", **kwargs)
+
+    lm = packed_model(dist.get_world_size(), lockstep_check=True)
+
+    def lead() -> None:
+        one = packed_model(1)
+        for name, model in (("tp", lm), ("one", one)):
+            result[name] = {"logits": logits_of(model, PROMPTS[2], step_by_step=True),
+                            "plain": model.generate(PROMPTS[0], 16, speculative_tokens=0).tokens,
+                            "spec": model.generate(PROMPTS[0], 16, speculative_tokens=3).tokens,
+                            "formats": [model.pool.dtype_for_layer(i) for i in model.pool.layer_range],
+                            "direct": model.pool.direct}
+        one.close()
+        lm.close()
+
+    _follow_or(rank, lm, result, lead)
+
+
 def killed(rank: int, folder: Path, result: dict[str, Any]) -> None:
     """Rank 1 dies at its 5th forward (mid-request); rank 0's generate must raise within the timeout."""
     import time
@@ -290,4 +316,4 @@ def oversized(rank: int, folder: Path, result: dict[str, Any]) -> None:
 
 SCENARIOS: dict[str, Callable[[int, Path, dict[str, Any]], None]] = {
     "parity": parity, "hybrid": hybrid, "greedy": greedy, "killed": killed, "oversized": oversized,
-    "own_group": own_group}
+    "own_group": own_group, "packed": packed}

@@ -161,3 +161,29 @@ def test_truncate_with_zeroing_restores_the_switch_and_journals_nothing_else(jvm
         assert calls == ["truncate_to"]
         pool.record_calls(None)
         pool.unbind_request(rid)
+
+
+def test_per_layer_formats_and_page_bytes_from_java(jvm: Jvm) -> None:
+    """Smile's ``dtypeForLayer``, ``kBlockStrideBytesForLayer`` and ``vBlockStrideBytesForLayer`` on a pool whose
+    layers store K and V in different formats (packed low-bit ones included), in the model's layer numbering: the
+    Python pool's answers, and a layer the pool does not hold is an ``IllegalArgumentException`` naming its range."""
+    import torch
+    from jpype import JClass
+
+    from smile_llm.cache.kv_dtype import kv_formats
+
+    formats = kv_formats([{"k": "fp8_e4m3", "v": "nvfp4"}, "int4"], 2, torch.float32)
+    with KvCachePool(2, 64, 2, 32, 16, kv_formats=formats, first_layer=3) as pool:
+        jpool = KvCachePoolAdapter(pool)._java_pool()
+        assert [str(jpool.dtypeForLayer(i)) for i in (3, 4)] == ["k=fp8_e4m3, v=nvfp4", "int4"]
+        for i in (3, 4):
+            assert int(jpool.kBlockStrideBytesForLayer(i)) == pool.k_block_stride_bytes_for_layer(i)
+            assert int(jpool.vBlockStrideBytesForLayer(i)) == pool.v_block_stride_bytes_for_layer(i)
+        assert int(jpool.kBlockStrideBytesForLayer(3)) == 16 * 2 * 32  # FP8: a byte an element
+        try:
+            jpool.dtypeForLayer(0)
+        except JClass("java.lang.IllegalArgumentException") as exc:
+            message = str(exc.getMessage())
+        else:
+            pytest.fail("a layer the pool does not hold was answered")
+        assert "holds layers [3, 5)" in message

@@ -120,7 +120,8 @@ def test_prefill_batch_refuses_what_does_not_fit_and_changes_nothing(zoo):
 
 def test_padded_prefill_groups_bound_the_padding():
     def seq(rem: int, room: int = 1000) -> SimpleNamespace:
-        return SimpleNamespace(prompt=[0] * (10 + rem), prefilled=10, capacity=10 + rem + room, prompt_logprobs=None)
+        return SimpleNamespace(prompt=[0] * (10 + rem), prefilled=10, capacity=10 + rem + room, prompt_logprobs=None,
+                               splices=[])
 
     groups = ModelRunner.padded_prefill_groups([seq(40), seq(3), seq(38), seq(4), seq(5), seq(36)])
     assert [len(g) for g in ModelRunner.padded_prefill_groups([seq(300), seq(20)])] == [1, 1]  # 580 > 400 + 64

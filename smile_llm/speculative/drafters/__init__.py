@@ -31,7 +31,7 @@ DRAFT_MODEL_PREFIX = "draft:"
 def _mtp(ctx: DrafterContext) -> Drafter | None:
     """The checkpoint's MTP head in ``ctx.draft_kv`` mode; None without a head, or (history mode)
     when the history pool does not fit in memory."""
-    if ctx.transformer.mtp is None:
+    if not ctx.transformer.has_mtp:
         return None
     if ctx.draft_kv == "per_round":
         return MtpPerRoundDrafter.create(ctx.transformer, ctx.pool, ctx.backend, ctx.max_seq_len)

@@ -65,7 +65,7 @@ class MtpDrafterBase:
     def __init__(self, transformer: Transformer, pool: KvCachePool,
                  backend: AttentionBackend) -> None:
         self._depth_logits: list[torch.Tensor] | None = None  # set while propose_tree runs
-        if transformer.mtp is None:
+        if not transformer.has_mtp:  # held here, or by the last pipeline stage
             raise ValueError(f"{type(self).__name__} needs a model with an MTP head")
         self.transformer, self.pool, self.backend = transformer, pool, backend
         # The draft chain's own backend: planned once per round for the history, so no other forward

@@ -35,7 +35,9 @@ class MtpHistoryDrafter(MtpDrafterBase):
         """A drafter with a history pool of as many slots as ``main`` (rows of ``max_seq_len``).
         RuntimeError when there is too little memory for it."""
         c = transformer.config
-        layout = KvCacheLayout(c.mtp_num_hidden_layers, c.num_key_value_heads, c.head_dim,
+        # a pipeline stage without the head books the pool's calls and holds none of its K/V
+        layers = c.mtp_num_hidden_layers if transformer.mtp is not None else 0
+        layout = KvCacheLayout(layers, c.num_key_value_heads, c.head_dim,
                                max(1, main.num_slots // max(1, max_seq_len)), max_seq_len)
         pool = KvCachePool.for_mtp_history(layout, main.device, main.dtype, main.page_size,
                                            main.num_slots)

@@ -32,8 +32,10 @@ class MtpPerRoundDrafter(MtpDrafterBase):
         """A drafter whose pool holds ``MAX_SPECULATIVE_TOKENS + 2`` positions for each of at least
         PER_ROUND_ROWS rows."""
         c = transformer.config
+        # a pipeline stage without the head books the pool's calls and holds none of its K/V
+        layers = c.mtp_num_hidden_layers if transformer.mtp is not None else 0
         rows = max(1, main.num_slots // max(1, max_seq_len))
-        layout = KvCacheLayout(c.mtp_num_hidden_layers, c.num_key_value_heads, c.head_dim,
+        layout = KvCacheLayout(layers, c.num_key_value_heads, c.head_dim,
                                max(rows, PER_ROUND_ROWS), MAX_SPECULATIVE_TOKENS + 2)
         return cls(transformer,
                    KvCachePool.for_mtp(layout, main.device, main.dtype, main.page_size), backend)

@@ -57,6 +57,11 @@ import java.util.Objects;
  *     {@code "jsonSchema (json_schema): the grammar engine refused it: ..."} or {@code "choice: give one
  *     constraint per request, got regex and choice"}. Null (or, for {@code jsonObject}, false) leaves a field
  *     unset, and its accessor then answers null (false, an empty {@code choice} list).
+ * <li>{@code segments} (segments, none): pieces laid out before the prompt, in order: a {@code String} (text), an
+ *     {@code int[]} (token ids, kept as a {@code List<Integer>}) or a {@link smile.llm.python.Segment} from
+ *     {@link smile.llm.python.PythonLanguageModel#registerSegment(String)}, whose KV is spliced at the next page
+ *     boundary (the text before it padded) instead of computed. A released segment, another model's, a piece of
+ *     another type or {@code promptLogprobs} with segments is an {@link IllegalArgumentException} at the call.
  * </ul>
  */
 public final class SamplingParams {
@@ -85,6 +90,7 @@ public final class SamplingParams {
     private final String regex;
     private final String grammar;
     private final List<String> choice;
+    private final List<Object> segments;
 
     private SamplingParams(Builder b) {
         maxNewTokens = b.maxNewTokens;
@@ -112,6 +118,7 @@ public final class SamplingParams {
         regex = b.regex;
         grammar = b.grammar;
         choice = b.choice == null ? Collections.emptyList() : Collections.unmodifiableList(new ArrayList<>(b.choice));
+        segments = Collections.unmodifiableList(new ArrayList<>(b.segments));
     }
 
     /** A builder holding Python's defaults. */
@@ -152,6 +159,7 @@ public final class SamplingParams {
         b.regex = regex;
         b.grammar = grammar;
         b.choice = choice.isEmpty() ? null : new ArrayList<>(choice);
+        b.segments.addAll(segments);
         return b;
     }
 
@@ -193,6 +201,11 @@ public final class SamplingParams {
     public String grammar() { return grammar; }
     /** The strings the output must be one of (unmodifiable); empty when unset. */
     public List<String> choice() { return choice; }
+    /**
+     * The pieces laid out before the prompt (unmodifiable): {@code String}s, token ids as {@code List<Integer>}
+     * and {@link smile.llm.python.Segment}s; empty when unset.
+     */
+    public List<Object> segments() { return segments; }
 
     @Override
     public boolean equals(Object o) {
@@ -211,7 +224,7 @@ public final class SamplingParams {
                 && speculativeTokensAuto == p.speculativeTokensAuto && draftTree.equals(p.draftTree)
                 && Objects.equals(jsonSchema, p.jsonSchema) && jsonObject == p.jsonObject
                 && Objects.equals(regex, p.regex) && Objects.equals(grammar, p.grammar)
-                && choice.equals(p.choice);
+                && choice.equals(p.choice) && segments.equals(p.segments);
     }
 
     @Override
@@ -219,7 +232,7 @@ public final class SamplingParams {
         return Objects.hash(maxNewTokens, temperature, topP, seed, logprobs, stop, stopTokenIds, speculativeTokens,
                 draftSampling, topK, minP, repetitionPenalty, presencePenalty, frequencyPenalty, logitBias,
                 minNewTokens, n, promptLogprobs, speculativeTokensAuto, draftTree, jsonSchema, jsonObject, regex,
-                grammar, choice);
+                grammar, choice, segments);
     }
 
     @Override
@@ -232,7 +245,7 @@ public final class SamplingParams {
                 + ", minNewTokens=" + minNewTokens + ", n=" + n + ", promptLogprobs=" + promptLogprobs
                 + ", speculativeTokensAuto=" + speculativeTokensAuto + ", draftTree=" + draftTree + ", jsonSchema="
                 + jsonSchema + ", jsonObject=" + jsonObject + ", regex=" + regex + ", grammar=" + grammar
-                + ", choice=" + choice + "]";
+                + ", choice=" + choice + ", segments=" + segments + "]";
     }
 
     /** A mutable builder; each method sets one field (see the class comment) and returns this builder. */
@@ -262,6 +275,7 @@ public final class SamplingParams {
         private String regex = null;
         private String grammar = null;
         private List<String> choice = null;
+        private final List<Object> segments = new ArrayList<>();
 
         private Builder() {}
 
@@ -357,6 +371,32 @@ public final class SamplingParams {
         /** The output is one of these strings (see {@link #choice(List)}); a null array clears it. */
         public Builder choice(String... options) {
             return choice(options == null ? null : java.util.Arrays.asList(options));
+        }
+        /**
+         * Pieces laid out before the prompt, replacing earlier ones (null or none clears them): {@code String} text,
+         * {@code int[]} token ids (copied, kept as a {@code List<Integer>}) and registered
+         * {@link smile.llm.python.Segment}s, for example {@code segments("Context:\n", manual, "\n", faq)}. Each
+         * segment starts at the next page boundary of the pool; Python checks the pieces when a call makes the
+         * request.
+         */
+        public Builder segments(Object... pieces) {
+            return segments(pieces == null ? null : java.util.Arrays.asList(pieces));
+        }
+        /** {@link #segments(Object...)} from a list. */
+        public Builder segments(List<?> pieces) {
+            segments.clear();
+            if (pieces != null) {
+                for (Object piece : pieces) {
+                    if (piece instanceof int[]) {
+                        List<Integer> ids = new ArrayList<>();
+                        for (int id : (int[]) piece) ids.add(id);
+                        segments.add(Collections.unmodifiableList(ids));
+                    } else {
+                        segments.add(piece);
+                    }
+                }
+            }
+            return this;
         }
 
         /**

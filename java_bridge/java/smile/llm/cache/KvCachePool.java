@@ -73,6 +73,9 @@ public class KvCachePool implements AutoCloseable {
         int headDim();
         int pageSize();
         String dtype();
+        String dtypeForLayer(int layer);
+        long kBlockStrideBytesForLayer(int layer);
+        long vBlockStrideBytesForLayer(int layer);
         ScalarType computeDtype();
         boolean kvIsComputeDtype();
         float kScale();
@@ -315,6 +318,26 @@ public class KvCachePool implements AutoCloseable {
     /** The storage dtype, as torch names it (for example "torch.float32"). */
     public String dtype() {
         return backend.dtype();
+    }
+
+    /**
+     * The storage format of the model's KV layer {@code layer}: its name ({@code "bfloat16"}, {@code "fp8_e4m3"},
+     * {@code "nvfp4"}, {@code "int4"}, ...) when its K and V are stored alike, else {@code "k=..., v=..."}.
+     *
+     * @throws IllegalArgumentException for a layer this pool does not hold (a pipeline stage holds its own range)
+     */
+    public String dtypeForLayer(int layer) {
+        return backend.dtypeForLayer(layer);
+    }
+
+    /** The bytes one page of layer {@code layer}'s K takes as stored (a packed page's codes and scales). */
+    public long kBlockStrideBytesForLayer(int layer) {
+        return backend.kBlockStrideBytesForLayer(layer);
+    }
+
+    /** The bytes one page of layer {@code layer}'s V takes as stored. */
+    public long vBlockStrideBytesForLayer(int layer) {
+        return backend.vBlockStrideBytesForLayer(layer);
     }
 
     /** The dtype {@code get} returns and {@code put} takes (the storage dtype, except for FP8 storage). */

@@ -168,6 +168,28 @@ public interface PythonLanguageModel extends LanguageModel {
     /** The model's KV pool. */
     KvCachePool kvCachePool();
 
+    // ------------------------------------------------------------------ registered segments
+
+    /**
+     * Computes the KV of {@code text} (a document, a tool description) once, at position 0, and keeps it in the
+     * pool until {@link #releaseSegment(Segment)}: requests that name the returned {@link Segment} among their
+     * {@link SamplingParams.Builder#segments(Object...)} splice that KV instead of computing it, as Python's
+     * {@code register_segment}. {@link smile.llm.cache.KvCacheExhaustedException} when the pool has no room;
+     * {@link IllegalArgumentException} for null or empty text, a segment too long for a request, or a model that
+     * cannot splice (a hybrid model, whose Gated DeltaNet state a splice cannot give; the message says why).
+     */
+    Segment registerSegment(String text);
+
+    /** {@link #registerSegment(String)} of token ids. */
+    Segment registerSegment(int[] tokens);
+
+    /**
+     * Frees a registered segment's KV (its prefix-tree pages become evictable); false when it was already released.
+     * A request still waiting to splice it then fails with {@link IllegalArgumentException}.
+     * {@link IllegalArgumentException} for null or another model's segment.
+     */
+    boolean releaseSegment(Segment segment);
+
     /** The number of token ids. */
     int vocabSize();
 }
