@@ -2,11 +2,11 @@
 """What the KV storage format costs in quality on the default model: bits per byte on stdlib text (teacher-forced,
 every position attending through the pool's stored K/V) and greedy agreement with float32 KV over ``--texts``
 prompts, for ``from_pretrained(kv_dtype=...)`` = float32, bfloat16, FP8 (e4m3, e5m2; scales 1.0), the packed low-bit
-formats (nvfp4, int4, int3, int2: keys per channel, values per token, a page quantized once complete), a per-layer
-mix (the first and last two layers bfloat16, the rest int4) and an asymmetric one (keys FP8 e4m3, values nvfp4),
-plus the KV bytes per token as stored (a packed page's codes and scales). The default model computes in float32
-throughout; only the stored K/V change. Goals: 4-bit (nvfp4) within +0.02 bits per byte of float32 with 7x fewer KV
-bytes; 2-bit within +0.10.
+formats (nvfp4: groups of 16 channels of one token; int4, int3, int2: keys per channel, values per token; a page
+quantized once complete), a per-layer mix (the first and last two layers bfloat16, the rest int4) and an asymmetric
+one (keys FP8 e4m3, values nvfp4), plus the KV bytes per token as stored (a packed page's codes and scales). The
+default model computes in float32 throughout; only the stored K/V change. Goals: 4-bit (nvfp4) within +0.02 bits
+per byte of float32 with 7x fewer KV bytes; 2-bit within +0.10.
 
     .venv/bin/python benchmarks/kv_dtype.py [--texts 64] [--bytes 1000] [--new 64] [--quick]
 """

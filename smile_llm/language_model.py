@@ -138,8 +138,9 @@ class LanguageModel:
 
         ``kv_dtype``: the KV pool's storage (default: the model's ``dtype``): dense
         ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"fp8_e4m3"``, ``"fp8_e5m2"`` (or a torch
-        dtype), or packed low-bit ``"nvfp4"``, ``"int4"``, ``"int3"``, ``"int2"`` (keys quantized
-        per channel and values per token, a page once it is complete; docs/kv_storage.md); one name
+        dtype), or packed low-bit ``"nvfp4"``, ``"int4"``, ``"int3"``, ``"int2"`` (a page quantized
+        once it is complete, in groups along a token or, integer keys, a channel;
+        docs/kv_storage.md); one name
         for every layer, a list of one per KV layer, a mapping ``{"k": ..., "v": ...}`` of either,
         or a list of such mappings. FP8 stores ``K / k_scale`` and ``V / v_scale`` (``kv_scales``,
         default 1.0 each). Reads come back in the compute dtype (quality cost measured in

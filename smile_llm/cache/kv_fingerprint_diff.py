@@ -38,7 +38,10 @@ PAGE_STATISTIC = "page_sum_sq"
 
 # the relative size of one rounding step of a packed low-bit format (a code flipped by a value
 # that rounded the other way moves by one step of its group): half the 4-bit E2M1 grid's coarsest
-# gap relative to its largest value for nvfp4, one level of the group's range for the integers
+# gap relative to its largest value for nvfp4, one level of the group's range for the integers. A
+# group whose clipped range flips between two near-tied candidates moves further (up to a quarter
+# of its range), but only that group: one of a page's num_kv_heads * head_dim or more, so a page's
+# sums move by far less than this
 PACKED_EPS = {"nvfp4": 2 ** -2, "int4": 1 / 15, "int3": 1 / 7, "int2": 1 / 3}
 
 

@@ -92,10 +92,10 @@ class RenderBudget:
 
     def hook(self, frame: FrameType, event: str, arg: Any) -> None:
         """The profile function while ``watch`` runs: at every Python and C function call, Overrun
-        once the deadline has passed (Python then drops the hook: one raise). Only at a call: a raise
-        at a return would replace or chain an exception already on its way out (a C function's, or
-        one the template's own handler is rewriting), and what reached the caller would be that
-        confusion instead of the overrun."""
+        once the deadline has passed (Python then drops the hook: one raise). Only at a call: a
+        raise at a return would replace or chain an exception already on its way out (a C
+        function's, or one the template's own handler is rewriting), and what reached the caller
+        would be that confusion instead of the overrun."""
         if event in _ENTRY_EVENTS and self.watching and time.monotonic() > self.deadline:
             self.watching = False
             raise Overrun

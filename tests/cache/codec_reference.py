@@ -283,10 +283,10 @@ def reference_int(raw: torch.Tensor, side: str, bits: int, value_group: int,
         ints, den = common_denominator(values + [v for pair in candidates for v in pair])
         numerators, scales = ints[:size], ints[size:]
         all_codes, errors = [], []
-        for step, zero in zip(scales[0::2], scales[1::2]):
-            got = [nearest_multiple(v - zero, step, levels) if step else 0 for v in numerators]
+        for unit, base in zip(scales[0::2], scales[1::2]):  # each step and zero, over den
+            got = [nearest_multiple(v - base, unit, levels) if unit else 0 for v in numerators]
             all_codes.append(got)
-            errors.append(Fraction(sum((zero + q * step - v) ** 2
+            errors.append(Fraction(sum((base + q * unit - v) ** 2
                                        for q, v in zip(got, numerators)), den * den))
         step, zero = float(chosen_step[where]), float(chosen_zero[where])
         assert (step, zero) in candidates, \

@@ -168,7 +168,7 @@ def test_error_is_within_half_a_step_inside_the_grid_and_saturates_outside(
         fits = ~torch.isnan(step)
         assert kind == "huge" or bool(fits.all())
         assert bool(torch.isnan(decoded[~fits]).all())
-        top = zero + codec.levels * step  # exact
+        top = zero + ((1 << BITS[name]) - 1) * step  # exact
         inside = fits & (x >= zero) & (x <= top)
         assert bool((error[inside] <= step[inside] / 2 + rounding[inside]).all())
         below, above = fits & (x < zero), fits & (x > top)  # clipped: saturate to the ends
@@ -465,6 +465,70 @@ def test_bad_pages_and_parts_raise(name: str) -> None:
         codec.decode({**parts, "codes": parts["codes"][:1]}, torch.float32)
     with pytest.raises(ValueError, match="num_pages"):
         codec.allocate(-1, torch.device("cpu"))
+
+
+def test_the_searches_are_the_references() -> None:
+    assert integer.CLIP_RATIOS == codec_reference.CLIP_RATIOS
+    assert nvfp4.SCALE_CANDIDATES == codec_reference.NVFP4_CANDIDATES
+
+
+def test_an_outlier_is_clipped_where_that_pays() -> None:
+    # int2, one group of 32: 31 elements spread over [-1, 1] and one at 8. The whole range gives
+    # a step of 3 (levels -1, 2, 5, 8): every element but the outlier decodes to -1 or 2. A
+    # clipped range saturates the outlier and resolves the rest
+    row = [-1 + 2 * i / 30 for i in range(31)] + [8.0]
+    raw = run(row, "channels", 16, 32)
+    codec = codec_for("int2", "v", 16, 1, 32)
+    parts = codec.encode(raw)
+    group = raw[0, 0, 0].double()
+    whole_step, whole_zero = integer.group_step_and_zero(group.min(), group.max(), 3)
+    step, zero = parts["scale"][0, 0, 0, 0].item(), parts["zero"][0, 0, 0, 0].item()
+    assert (whole_step.item(), whole_zero.item()) == (3.0, -1.0) and step < 3.0
+    decoded = codec.decode(parts, torch.float32)[0, 0, 0].double()
+    whole = whole_zero + whole_step * integer.nearest_level(group, whole_zero, whole_step, 3)
+    assert float(((decoded - group) ** 2).sum()) < 0.5 * float(((whole - group) ** 2).sum())
+    assert decoded[31].item() == zero + 3 * step < 8.0  # saturated at the top level
+    # nvfp4, one group of 16: 15 elements at 2.625 and one at 6. Page scale 2**-8, the nearest
+    # FP8 scale 256 (S = 1), the candidates below it 240 and 224 (S = 0.9375, 0.875). Squared
+    # errors: S = 1: 15 * (3 - 2.625)**2 = 2.109375; S = 0.9375: 15 * (2.8125 - 2.625)**2 +
+    # (6 - 5.625)**2 = 0.66796875; S = 0.875: 2.625 = 3 S exactly, 6 saturates to 6 S = 5.25:
+    # 0.5625, the least
+    codec = codec_for("nvfp4", "v", 16, 1, 16)
+    parts = codec.encode(run([2.625] * 15 + [6.0], "channels", 16, 16))
+    assert parts["page_scale"].tolist() == [[2.0**-8]]
+    assert parts["scale"][0, 0, 0].tolist() == [0x76]  # 224 = 1.75 * 2**(14 - 7)
+    assert codec.decode(parts, torch.float32)[0, 0, 0].tolist() == [2.625] * 15 + [5.25]
+
+
+@pytest.mark.parametrize("side", SIDES)
+@pytest.mark.parametrize("name", ["int4", "int2"])
+def test_candidates_searched_in_blocks_choose_as_all_at_once(
+        name: str, side: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = make_pages("outliers", (2, 16, 2, 64), seed=4)
+    codec = codec_for(name, side, 16, 2, 64)
+    at_once = codec.encode(raw)
+    for budget in (1, 3 * raw.numel()):  # one candidate a block; blocks of 3
+        monkeypatch.setattr(integer, "_SEARCH_ELEMENTS", budget)
+        blocked = codec.encode(raw)
+        for key in at_once:
+            assert_same_bits(blocked[key], at_once[key])
+
+
+def test_pairwise_sum_adds_in_a_fixed_order_whatever_the_layout() -> None:
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(3, 13, 5, dtype=torch.float64, generator=g) * torch.pow(
+        10.0, torch.randint(-8, 8, (3, 13, 5), generator=g).double())
+    want = pairwise_sum(x, 1)
+    assert torch.allclose(want, x.sum(1), rtol=1e-12, atol=0)
+    for other in (x.transpose(0, 2).contiguous().transpose(0, 2), x.permute(1, 0, 2).contiguous()
+                  .permute(1, 0, 2)):
+        assert not other.is_contiguous() and torch.equal(pairwise_sum(other, 1), want)
+    assert torch.equal(pairwise_sum(x, -2), want)
+    # the tree: element i meets element i + 8 first (13 is padded to 16), so 1 + 2**-53 + 2**-53
+    # sums to 1 in order but to 1 + 2**-52 here
+    row = torch.zeros(16, dtype=torch.float64)
+    row[0], row[1], row[9] = 1.0, 2.0**-53, 2.0**-53
+    assert pairwise_sum(row[:13], 0).item() == 1.0 + 2.0**-52
 
 
 def realistic_pages(seed: int) -> tuple[torch.Tensor, torch.Tensor]:

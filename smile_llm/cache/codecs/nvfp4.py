@@ -39,9 +39,9 @@ Encoding, per (page, head), with ``amax`` the largest finite magnitude there:
   ``sum((e2m1 * S - |x|)**2)`` is the least, ties to the largest scale. A smaller scale saturates
   the group's largest elements and resolves the rest more finely: on the shipped model the search
   takes nvfp4 from +0.016 to -0.026 bits per byte (as above), and the relative RMS error of the
-  K and V it stores from 0.095 to 0.088. The sums are float64 added in a fixed order (``rounding.pairwise_sum``), so the
-  choice is the same on every device, but two candidates whose exact errors differ by a few
-  roundings may be taken either way.
+  K and V it stores from 0.095 to 0.088. The errors are float64 sums added in a fixed order
+  (``rounding.pairwise_sum``), so the choice is the same on every device, but two candidates
+  whose exact errors differ by a few roundings may be taken either way.
 - each element is rounded to the nearest multiple ``e2m1 * S`` (``S = scale * page_scale``):
   ties go to the even code (as IEEE round-to-nearest-even on E2M1: 0.25 -> 0, 0.75 -> 1,
   1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4 in units of S); magnitudes above ``6 * S``
@@ -68,13 +68,13 @@ from .rounding import (FP8_E4M3, FP8_E4M3_MAX, pairwise_sum, power_of_two, round
 GROUP = 16  # elements per FP8 scale: consecutive channels of one token of one head
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 E2M1_MAX = 6.0
+SCALE_CANDIDATES = 3  # the nearest FP8 group scale and the two FP8 values below it
 # midpoints between neighbouring E2M1 values, and whether one exactly on it rounds up (to the even
 # code): the codes 1, 3, 5, 7 are odd, so 0.25, 1.25, 2.5 and 5 round down
 _MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True),
               (5.0, False))
 _NAN_SCALE = 0x7F  # FP8 e4m3fn's NaN
 _PAGE_SCALE_EXPONENTS = (-149, 127)  # float32's smallest subnormal and largest power of two
-SCALE_CANDIDATES = 3  # the nearest FP8 group scale and the two FP8 values below it
 _PACKED_DIM = 3  # the channels, of [n, P, H, D]
 _MEMBER_AXIS = 4  # a group's members, of the grouped view [n, P, H, D/16, 16]
 
