@@ -13,7 +13,10 @@ reply has exactly that many), streamed.
 
 Per request: time to first token, and the inter-token latency as load generators define it (the time from the first
 token to the last over the tokens after the first: guidellm's ``inter_token_latency``). Per run and side: its p50 and
-p99 over the run's requests, and output tokens/s (tokens over the run's wall time). ``--runs`` runs, the sides
+p99 over the run's requests, output tokens/s (tokens over the run's wall time), and per token the CPU time of the
+thread that drives the serving loop, of the serving process's other threads (uvicorn's event loop and its helpers:
+the HTTP path), and the time the serving thread was runnable but waited for a CPU (the machine's other load, which on
+a shared machine moves the wall-clock figures more than anything measured here). ``--runs`` runs, the sides
 interleaved (their order alternating); the medians over runs are printed, with the ratios HTTP / in process.
 
 ``--baseline-tree DIR`` adds a third side: the server of another checkout (``PYTHONPATH=DIR``, for example a copy of
@@ -21,6 +24,7 @@ the package as it was before a change), measured in the same runs.
 
     .venv/bin/python benchmarks/server_token_path.py
     .venv/bin/python benchmarks/server_token_path.py --quick
+    .venv/bin/python benchmarks/server_token_path.py --baseline-tree /tmp/before   # /tmp/before/smile_llm: a copy
 """
 
 from __future__ import annotations
@@ -132,11 +136,13 @@ class _Stamps:
         return Reply(self.first - self.sent, (self.last - self.first) / (self.count - 1), self.count)
 
 
-def in_process(lm: Any, prompts: list[list[int]], concurrency: int, requests: int, tokens: int) -> Run:
+def in_process(lm: Any, prompts: list[list[int]], concurrency: int, requests: int, tokens: int,
+               speculative: int | None = None) -> Run:
     """``concurrency`` closed-loop clients of ``requests`` requests each, the calling (main) thread driving."""
     from smile_llm import SamplingParams
 
-    params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, temperature=0.0)
+    params = SamplingParams(max_new_tokens=tokens, min_new_tokens=tokens, temperature=0.0,
+                            speculative_tokens=speculative)
     replies: list[Reply] = []
     active = [concurrency]
     failures: list[BaseException] = []
@@ -160,14 +166,14 @@ def in_process(lm: Any, prompts: list[list[int]], concurrency: int, requests: in
         if active[0] == 0:
             lm.server.stop_thread(wait=False)
 
-    t0, cpu0 = time.perf_counter(), cpu_seconds(os.getpid())
+    t0, before = time.perf_counter(), thread_times(os.getpid())
     for slot in range(concurrency):
         start(slot, 0)
     lm.server.drive_here()
-    seconds, cpu1 = time.perf_counter() - t0, cpu_seconds(os.getpid())
+    seconds, cpu = time.perf_counter() - t0, cpu_between(os.getpid(), before)
     if failures:
         raise RuntimeError(f"in-process request failed: {failures[0]!r}")
-    return Run(replies, seconds, *(b - a for a, b in zip(cpu0, cpu1)))
+    return Run(replies, seconds, *cpu)
 
 
 # ---------------------------------------------------------------------------------------------- over HTTP
@@ -201,20 +207,26 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) ->
     raise RuntimeError(f"{url} not ready within {timeout} s")
 
 
-def cpu_seconds(pid: int) -> tuple[float, float, float]:
-    """Seconds so far of process ``pid``'s threads on a CPU, of its main thread on a CPU, and of its main thread
-    runnable but waiting for a CPU (the machine's other load): Linux's ``/proc/PID/task/TID/schedstat``, in
-    nanoseconds."""
-    total = main = main_wait = 0.0
+def thread_times(pid: int) -> dict[int, tuple[float, float]]:
+    """Seconds so far of each thread of process ``pid`` on a CPU and runnable but waiting for one (the machine's
+    other load), by thread id (Linux: ``/proc/PID/task/TID/schedstat``, in nanoseconds)."""
+    times = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
             run_ns, wait_ns = (int(x) for x in (task / "schedstat").read_text().split()[:2])
         except (OSError, ValueError):  # a thread that just ended
             continue
-        total += run_ns / 1e9
-        if task.name == str(pid):
-            main, main_wait = run_ns / 1e9, wait_ns / 1e9
-    return total, main, main_wait
+        times[int(task.name)] = (run_ns / 1e9, wait_ns / 1e9)
+    return times
+
+
+def cpu_between(pid: int, before: dict[int, tuple[float, float]]) -> tuple[float, float, float]:
+    """Since ``before`` (``thread_times(pid)``): CPU seconds of the process's threads alive now, of its main thread
+    (the one driving the serving loop), and the main thread's seconds waiting for a CPU."""
+    now = thread_times(pid)
+    total = sum(run - before.get(tid, (0.0, 0.0))[0] for tid, (run, _) in now.items())
+    main_run, main_wait = now[pid]
+    return total, main_run - before[pid][0], main_wait - before[pid][1]
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:
@@ -226,9 +238,10 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def stream_one(client: httpx.Client, url: str, messages: list[dict[str, str]], tokens: int) -> Reply:
+def stream_one(client: httpx.Client, url: str, messages: list[dict[str, str]], tokens: int,
+               speculative: int | None = None) -> Reply:
     body = {"model": NAME, "messages": messages, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": True, "stream_options": {"include_usage": True}, "speculative_tokens": speculative}
     sent = time.perf_counter()
     first: float | None = None
     last = 0.0
@@ -254,7 +267,7 @@ def stream_one(client: httpx.Client, url: str, messages: list[dict[str, str]], t
 
 
 def over_http(url: str, pid: int, conversations: list[list[dict[str, str]]], concurrency: int, requests: int,
-              tokens: int) -> Run:
+              tokens: int, speculative: int | None = None) -> Run:
     replies: list[Reply] = []
     failures: list[BaseException] = []
 
@@ -263,20 +276,20 @@ def over_http(url: str, pid: int, conversations: list[list[dict[str, str]]], con
             with httpx.Client(timeout=120) as c:
                 for k in range(requests):
                     replies.append(stream_one(c, url, conversations[(slot * requests + k) % len(conversations)],
-                                              tokens))
+                                              tokens, speculative))
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             failures.append(exc)
 
     threads = [threading.Thread(target=client, args=(slot,)) for slot in range(concurrency)]
-    t0, cpu0 = time.perf_counter(), cpu_seconds(pid)
+    t0, before = time.perf_counter(), thread_times(pid)
     for th in threads:
         th.start()
     for th in threads:
         th.join()
-    seconds, cpu1 = time.perf_counter() - t0, cpu_seconds(pid)
+    seconds, cpu = time.perf_counter() - t0, cpu_between(pid, before)
     if failures:
         raise RuntimeError(f"HTTP request failed: {failures[0]!r}")
-    return Run(replies, seconds, *(b - a for a, b in zip(cpu0, cpu1)))
+    return Run(replies, seconds, *cpu)
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -290,6 +303,8 @@ def main() -> None:
                    help="torch threads, in process and in the server (default 1: steadier on a shared machine)")
     p.add_argument("--baseline-tree", default=None, metavar="DIR",
                    help="also serve the smile_llm package found in DIR (PYTHONPATH=DIR), labelled 'baseline'")
+    p.add_argument("--speculative-tokens", type=int, default=None, metavar="K",
+                   help="drafts per round (default: the model's; 0: plain decoding, one token and one chunk per step)")
     p.add_argument("--quick", action="store_true", help="2 runs of 2 requests per client, 32 tokens")
     args = p.parse_args()
     if args.quick:
@@ -300,7 +315,8 @@ def main() -> None:
 
     load = os.getloadavg()[0]
     print(f"server_token_path: smile_llm {code_version()}, {os.cpu_count()} cpus (load average {load:.1f}), "
-          f"{args.threads} torch threads; {args.tokens} greedy tokens per streamed chat reply, EOS ignored; "
+          f"{args.threads} torch threads; {args.tokens} greedy tokens per streamed chat reply, EOS ignored, "
+          f"{'the default drafts' if args.speculative_tokens is None else f'{args.speculative_tokens} drafts'}; "
           f"{args.requests} requests per client, {args.runs} interleaved runs (medians)")
     servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     sides = ["in process", "HTTP"] + (["baseline"] if args.baseline_tree else [])
@@ -314,8 +330,8 @@ def main() -> None:
         prompts = [lm.encode_chat(m, True) for m in conversations]
         for side, (proc, url) in servers.items():
             wait_ready(url, proc)
-            over_http(url, proc.pid, conversations, 1, 2, args.tokens)  # warm-up
-        in_process(lm, prompts, 1, 2, args.tokens)
+            over_http(url, proc.pid, conversations, 1, 2, args.tokens, args.speculative_tokens)  # warm-up
+        in_process(lm, prompts, 1, 2, args.tokens, args.speculative_tokens)
 
         runs: dict[tuple[str, int], list[Run]] = {(s, c): [] for s in sides for c in levels}
         for r in range(args.runs):
@@ -323,10 +339,11 @@ def main() -> None:
                 order = sides if r % 2 == 0 else sides[::-1]
                 for side in order:
                     if side == "in process":
-                        run = in_process(lm, prompts, c, args.requests, args.tokens)
+                        run = in_process(lm, prompts, c, args.requests, args.tokens, args.speculative_tokens)
                     else:
                         proc, url = servers[side]
-                        run = over_http(url, proc.pid, conversations, c, args.requests, args.tokens)
+                        run = over_http(url, proc.pid, conversations, c, args.requests, args.tokens,
+                                        args.speculative_tokens)
                     runs[(side, c)].append(run)
             print(f"  run {r + 1}/{args.runs} done", flush=True)
     finally:

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException
 from .access_log import RequestLog
 from .bodies import read_body
 from .errors import ApiError, from_model_error
-from .events import EventStream, first_with_token, stream
+from .events import EventStream, stream
 from .generation import Generation
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .request_params import sampling_params
@@ -279,7 +279,8 @@ async def generate(state: ServerState, request: Request, body: Any, prompt: Any,
                            f"{model.max_seq_len}", param=field)
         try:
             params = sampling_params(body, settings, model.max_seq_len, tools)
-            return ids, Generation(model, ids, params, body.n, loop, renames)
+            return ids, Generation(model, ids, params, body.n, loop, renames,
+                                   streamed=bool(body.stream))
         except ApiError:
             raise
         except Exception as exc:  # the model's validation: a 400 naming the field
@@ -300,7 +301,7 @@ async def generate(state: ServerState, request: Request, body: Any, prompt: Any,
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         events = stream(state, gen, rid, name, len(ids), chat, include_usage, echo, parsed)
-        return EventStream(first_with_token(events, len(gen.samples)), state, gen)
+        return EventStream(events, state, gen)
     try:
         outs = await _results(gen, request)
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from json.encoder import encode_basestring
 from typing import Any
 
 from ..serving.completion import Completion
@@ -89,6 +90,33 @@ def event(payload: dict[str, Any] | str) -> bytes:
     """One server-sent event."""
     data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
     return f"data: {data}\n\n".encode()
+
+
+class ChunkEncoder:
+    """The server-sent events of one response's streamed text without a dict per piece: the bytes
+    of ``event(chat_chunk(..., {"content": text}))`` (``chat``) or ``event(text_chunk(..., text))``,
+    no finish reason, as the JSON string of the text (the characters ``json.dumps(...,
+    ensure_ascii=False)`` writes) between a prefix and a suffix cut once per choice from the
+    event of a placeholder."""
+
+    PLACEHOLDER = "\x00text\x00"
+
+    def __init__(self, rid: str, model: str, created: int, chat: bool) -> None:
+        self.rid, self.model, self.created, self.chat = rid, model, created, chat
+        self._parts: dict[int, tuple[str, str]] = {}  # choice -> (prefix, suffix)
+
+    def _cut(self, index: int) -> tuple[str, str]:
+        args = (self.rid, self.model, self.created, index)
+        whole = event(chat_chunk(*args, {"content": self.PLACEHOLDER}) if self.chat else
+                      text_chunk(*args, self.PLACEHOLDER)).decode()
+        prefix, _, suffix = whole.rpartition(encode_basestring(self.PLACEHOLDER))
+        self._parts[index] = prefix, suffix
+        return prefix, suffix
+
+    def text(self, index: int, text: str) -> bytes:
+        """The event of choice ``index``'s new ``text``."""
+        prefix, suffix = self._parts.get(index) or self._cut(index)
+        return (prefix + encode_basestring(text) + suffix).encode()
 
 
 def chat_chunk(rid: str, model: str, created: int, index: int, delta: dict[str, Any],
