@@ -11,6 +11,8 @@
 #   draft-chain  the cuda test of tests/speculative/test_draft_chain.py
 #   packed-kv    tests/cache/test_pool_packed_cuda.py: low-bit KV pages quantized and decoded on the GPU, read as
 #                float32 and bfloat16 views, against the float64 oracle; a model on nvfp4 KV
+#   compiled     tests/models/test_compiled_cuda.py: the compiled layers (inductor) around FlashInfer, inside the
+#                decode and verify CUDA graphs, against the eager forward
 #   fla-core     tests/models/test_deltanet_ops_cuda.py and tests/models/test_hybrid_cuda.py (needs transformers for
 #                its fixtures): fla-core's Triton kernels, with autotuning narrowed to SMILE_FLA_AUTOTUNE_CONFIGS
 #                configurations per kernel (instead of up to 60, each compiled, per shape and dtype)
@@ -313,6 +315,7 @@ run_step head-dim-32 90 tests/attention/test_head_dim_fallback_cuda.py
 run_step graphs 120 tests/serving/test_cuda_graphs_cuda.py
 run_step draft-chain 60 tests/speculative/test_draft_chain.py
 run_step packed-kv 90 tests/cache/test_pool_packed_cuda.py
+run_step compiled 120 tests/models/test_compiled_cuda.py
 
 # fla-core autotunes its Triton kernels over up to 60 configurations each (per shape and dtype), every one compiled
 # (seconds apiece); a pytest plugin, loaded before fla, keeps SMILE_FLA_AUTOTUNE_CONFIGS of them per kernel: the

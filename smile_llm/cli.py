@@ -125,11 +125,12 @@ def _load(args: argparse.Namespace) -> Any:
         if problem is not None:
             raise CommandError(problem)
     try:
+        compile = getattr(args, "compile", None)  # None: SMILE_COMPILE, else eager
         if args.model is None:
             return LanguageModel.default(kind=args.kind, tensor_parallel=tensor_parallel,
-                                         pipeline_parallel=stages)
+                                         pipeline_parallel=stages, compile=compile)
         return LanguageModel.from_pretrained(args.model, tensor_parallel=tensor_parallel,
-                                             pipeline_parallel=stages)
+                                             pipeline_parallel=stages, compile=compile)
     except Exception as exc:  # whatever the checkpoint's files provoke: one line, no traceback
         raise CommandError(load_error(args.model, exc, args.kind)) from None
 
@@ -390,6 +391,10 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seq-len", type=_positive_int, default=None)
     p.add_argument("--speculative-max-batch", type=_positive_int, default=None,
                    help="steps with more rows decode plainly (default: speculate at any batch)")
+    p.add_argument("--no-compile", dest="compile", action="store_const", const=False,
+                   default=None, help="run the model eagerly (default: compiled with torch.compile "
+                   "and warmed up before serving, hybrid models eager; SMILE_COMPILE=0/1 sets "
+                   "it; docs/compile.md)")
     p.add_argument("--replicas", type=_positive_int, default=None,
                    help="serve N copies of the model on a local Ray instance (needs the ray extra; "
                         "docs/scale_out.md)")
@@ -422,7 +427,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise CommandError(problem)
     options = ModelOptions(args.model, args.kind, None if args.drafter == "none" else args.drafter,
                            args.kv_dtype, args.max_batch_size, args.max_seq_len,
-                           args.speculative_max_batch, _tensor_parallel(args))
+                           args.speculative_max_batch, _tensor_parallel(args),
+                           compile=args.compile)
+    args.compile = options.compiles  # every rank alike
     if args.replicas is not None:
         return _serve_replicas(args, options, settings)
     if env.distributed_launch() and env.local_rank() > 0:

@@ -18,6 +18,13 @@ def cuda_graphs_enabled() -> bool:
     return os.environ.get("SMILE_CUDA_GRAPHS", "1") != "0"
 
 
+def compile_setting() -> bool | None:
+    """``SMILE_COMPILE=0`` runs models eagerly, ``SMILE_COMPILE=1`` compiles them (on CUDA too);
+    None when unset (``from_pretrained``'s default applies)."""
+    raw = os.environ.get("SMILE_COMPILE", "")
+    return None if raw == "" else raw != "0"
+
+
 def tp_check() -> bool:
     """``SMILE_TP_CHECK=1``: tensor-parallel followers compare their pools' digests with rank 0's
     before every forward (a debug check; off by default)."""

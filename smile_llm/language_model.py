@@ -105,7 +105,8 @@ class LanguageModel:
                         tensor_parallel: int = 1, lockstep_check: bool | None = None,
                         pipeline_parallel: int = 1,
                         kv_dtype: str | torch.dtype | None = None,
-                        kv_scales: tuple[float, float] | None = None) -> LanguageModel:
+                        kv_scales: tuple[float, float] | None = None,
+                        compile: bool | None = None) -> LanguageModel:
         """Load ``config.json``, ``*.safetensors`` (sharded too) and the tokenizer from ``path``;
         size a KV pool for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's
         context, at most 4096). Nothing in ``path`` is trusted: every config field, the shard index
@@ -171,6 +172,8 @@ class LanguageModel:
         load_into(transformer, tensors, dtype,
                   tied=("lm_head.weight",) if config.tie_word_embeddings else ())
         transformer.to(device=device, dtype=dtype).eval()
+        if compile if compile is not None else bool(env.compile_setting()):
+            transformer.compile_layers()
         tokenizer = load_tokenizer(folder, config.eos_token_ids, config.vocab_size)
         chat_template = ChatTemplate.from_folder(folder)
         seq = max_seq_len or min(config.max_position_embeddings, 4096)
@@ -220,6 +223,23 @@ class LanguageModel:
             check = env.tp_check() if lockstep_check is None else bool(lockstep_check)
             lm._lockstep(stage.world, check)
         return lm
+
+    @property
+    def compile_stats(self) -> dict[str, Any]:
+        """Whether the model runs compiled, and its variants and seconds (``Transformer``'s)."""
+        return self.transformer.compile_stats()
+
+    def warm_up(self) -> dict[str, Any]:
+        """Run the forwards a server's first requests would: prefills, decode steps of one row and
+        of two and, when the model drafts, verify windows and draft steps, so a compiled model makes
+        its variants before it serves. What they cached is evicted again. Returns
+        ``compile_stats``."""
+        prompts = ["def warm_up(self):\n", "Warm up the model.\n"]
+        for drafts in (None, 0):  # the model's own draft count, then plain decode steps
+            self.generate_batch(prompts, max_new_tokens=8, speculative_tokens=drafts)
+            self.generate(prompts[0], max_new_tokens=8, speculative_tokens=drafts)
+        self.pool.evict(self.pool.num_slots)
+        return self.compile_stats
 
     # ------------------------------------------------------------------ tensor parallelism
     def _tp_pools(self) -> dict[str, KvCachePool]:

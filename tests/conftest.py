@@ -16,6 +16,14 @@ do different shapes, thread counts and reduction orders):
   1e-3 (measured on the shipped dense and hybrid models, the ``hf_zoo``, hybrid and random MTP checkpoints, over
   the tokens the tests compare), while two paths' logits differ by under 1e-4 (asserted where the tests compare
   logits). A seeded draw changes only when its uniform falls within about 1e-6 of a boundary between two tokens.
+
+Models run eagerly unless a test asks for the compiled forward (``compile=True``; ``tests/models/test_compiled.py``
+compares the two): ``SMILE_COMPILE=0`` here, inherited by the servers the tests start, which would otherwise compile
+and warm up for seconds each. ``SMILE_COMPILE=1 make test`` runs the whole suite compiled instead.
 """
 
-from tests.hf_zoo import text_model, zoo  # noqa: F401 - fixtures
+import os
+
+os.environ.setdefault("SMILE_COMPILE", "0")
+
+from tests.hf_zoo import text_model, zoo  # noqa: E402, F401 - fixtures

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from .compiled import outside
 from .config import ModelConfig
 from .config_hybrid import FULL_ATTENTION, LINEAR_ATTENTION
 from .family import ModelFamily
@@ -38,16 +39,22 @@ class HybridDecoderLayer(nn.Module):
             self.linear_attn = gated_deltanet(config, linear_layer)
         else:
             self.self_attn = GatedAttention(config, kv_layer)
-        self.mlp: nn.Module = SparseMoe(config) \
-            if config.moe is not None and config.moe.is_sparse(layer_idx) else MLP(config)
+        self.sparse = config.moe is not None and config.moe.is_sparse(layer_idx)
+        self.mlp: nn.Module = SparseMoe(config) if self.sparse else MLP(config)
 
     def forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
         """``x`` ``[B, S, D]`` -> ``[B, S, D]``; advances this layer's state or writes its K/V."""
-        mixer = self.linear_attn if self.is_linear else self.self_attn
+        h = self.input_layernorm.forward(x)
+        # DeltaNet advances per-request state and a sparse MoE runs the experts its tokens picked:
+        # both run outside a compiled graph (``compiled.outside``)
+        mixed = outside(self.linear_attn, h, ctx) if self.is_linear else \
+            self.self_attn.forward(h, ctx)
         # With tensor parallelism both blocks are row-parallel: ctx.reduce sums the ranks'
         # partial outputs.
-        x = x + ctx.reduce(mixer.forward(self.input_layernorm.forward(x), ctx))
-        return x + ctx.reduce(self.mlp.forward(self.post_attention_layernorm.forward(x)))
+        x = x + ctx.reduce(mixed)
+        h = self.post_attention_layernorm.forward(x)
+        mlp = outside(self.mlp, h, ctx, False) if self.sparse else self.mlp.forward(h)
+        return x + ctx.reduce(mlp)
 
 
 def layer_indices(config: ModelConfig) -> list[tuple[int, int]]:

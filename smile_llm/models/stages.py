@@ -65,6 +65,8 @@ class StageModel(Protocol):
 
     def logits(self, x: torch.Tensor) -> torch.Tensor: ...
 
+    def layers_forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor: ...
+
 
 @dataclass(frozen=True)
 class PipelineStage:
@@ -187,8 +189,7 @@ def run_stage(model: StageModel, stage: PipelineStage, tokens: torch.Tensor, ctx
     b, s = tokens.shape
     d, dtype, device = model.config.hidden_size, model.dtype, tokens.device
     x = model.embed(tokens) if stage.is_first else pipe.recv_prev((b, s, d), dtype, device)
-    for layer in model.model.layers:
-        x = layer.forward(x, ctx)  # no hooks (see DecoderLayer.forward)
+    x = model.layers_forward(x, ctx)
     if stage.is_last:
         h = x
         if logit_cols is not None:

@@ -10,6 +10,7 @@ the forward succeeded) and attention reads the pool through the backend with the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from .config import ModelConfig
 from .forward_context import ForwardContext, LayerContext, RopeTable
 from .families import family_of
 from .layers import rope_inv_freq
+from .compiled import CompiledLayers
 from .mtp_head import MtpHead
 from .stages import PipelineStage, draft_outputs, placeholder_linear, run_stage
 from .state_step import StateStep
@@ -95,6 +97,7 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.mtp = MtpHead(config) if config.mtp_num_hidden_layers and head else None
         self._rope = RopeTable()
+        self.compiled: CompiledLayers | None = None  # ``compile_layers``
         self.register_buffer("inv_freq", rope_inv_freq(config.rotary_dim, config.rope_theta,
                                                        config.rope_scaling),
                              persistent=False)
@@ -125,6 +128,21 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         """The parameters' dtype."""
         return self.model.embed_tokens.weight.dtype
+
+    def compile_layers(self) -> None:
+        """Run the decoder layers as one compiled graph from now on (``compiled``; a pipeline stage
+        its own range of layers). The MTP head stays eager: its one layer saves less compiled than
+        a compiled call's fixed cost (guards, runtime wrappers), measured in docs/compile.md."""
+        self.compiled = CompiledLayers(self.model.layers)
+
+    def compile_stats(self) -> dict[str, Any]:
+        """Whether the layers run compiled (``compiled``), the variants their graph has
+        (``compiled_variants``: those of every model of this structure in the process) and the
+        seconds this model's forwards spent making them (``compile_seconds``: tracing and
+        compiling, or loading from inductor's cache)."""
+        c = self.compiled
+        return {"compiled": c is not None, "compiled_variants": 0 if c is None else c.variants,
+                "compile_seconds": 0.0 if c is None else round(c.stats.seconds, 3)}
 
     @property
     def has_mtp(self) -> bool:
@@ -195,9 +213,7 @@ class Transformer(nn.Module):
         records nothing). ``logit_cols`` as in ``forward``."""
         if self.stage is not None:  # this stage's layers, the activations from and to its peers
             return ForwardOutput(*run_stage(self, self.stage, tokens, ctx, logit_cols), ctx.states)
-        x = self.embed(tokens)
-        for layer in self.model.layers:
-            x = layer.forward(x, ctx)  # no hooks: skip Module.__call__ (see DecoderLayer.forward)
+        x = self.layers_forward(self.embed(tokens), ctx)
         h = x
         if logit_cols is not None:
             rows = torch.arange(x.shape[0], device=x.device)
@@ -206,6 +222,15 @@ class Transformer(nn.Module):
         out = ForwardOutput(self.logits(self.model.norm.forward(h)), x, ctx.states)
         ctx.commit()
         return out
+
+    def layers_forward(self, x: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
+        """This rank's decoder layers over ``x`` ``[B, S, D]``: one compiled graph once
+        ``compile_layers`` ran, else layer by layer."""
+        if self.compiled is not None and len(self.model.layers):
+            return self.compiled(x, ctx, self.tp is not None)  # attention as custom ops
+        for layer in self.model.layers:
+            x = layer.forward(x, ctx)  # no hooks: skip Module.__call__ (DecoderLayer.forward)
+        return x
 
     def rewind(self, out: ForwardOutput, kept: np.ndarray) -> None:
         """After a verify window (``keep_states``) of a hybrid model: each row's DeltaNet state

@@ -2,7 +2,7 @@
 app's own registry: latency histograms (time to first token, inter-token latency, end to end),
 request and token counters (prompt, cached, generated; the prefix-cache hit rate is cached over
 prompt tokens), speculative drafts (proposed and accepted), and gauges read at scrape time (running
-and waiting requests, KV pages in use)."""
+and waiting requests, KV pages in use, the compiled forward's variants and compile seconds)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,9 @@ class ServerMetrics:
         helps = {"num_requests_running": "Requests bound in the pool",
                  "num_requests_waiting": "Requests queued",
                  "kv_cache_pages_used": "KV pages in use",
-                 "kv_cache_pages": "KV pages in all"}
+                 "kv_cache_pages": "KV pages in all",
+                 "compile_seconds": "Seconds the model's forwards spent compiling their variants",
+                 "compiled_variants": "Compiled variants of the model's layers"}
         for name, read in GAUGES.items():
             Gauge(f"{PREFIX}_{name}", helps[name], registry=r).set_function(
                 _reader(state, read))
@@ -108,7 +110,14 @@ GAUGES: dict[str, Callable[[Any], float]] = {
     "num_requests_waiting": lambda m: m.server.num_waiting,
     "kv_cache_pages_used": lambda m: _pages(m) - m.pool.free_pages,
     "kv_cache_pages": lambda m: _pages(m),
+    "compile_seconds": lambda m: _compile_stat(m, "compile_seconds"),
+    "compiled_variants": lambda m: _compile_stat(m, "compiled_variants"),
 }
+
+
+def _compile_stat(model: Any, name: str) -> float:
+    """``model.compile_stats[name]`` (0 for a model that has none)."""
+    return float(getattr(model, "compile_stats", {}).get(name, 0))
 
 
 class MetricsMirror(Protocol):

@@ -108,6 +108,21 @@ def test_tp2_on_packed_kv_quantizes_each_ranks_heads(folder: Path, tmp_path: Pat
     assert follower["plans"] > 0
 
 
+def test_tp2_compiled_equals_tp1_eager(folder: Path, tmp_path: Path, record_property: Any) -> None:
+    """Both ranks run their layers compiled, the all-reduce a custom op inside each graph: the tokens plain and
+    speculative are TP=1 eager's, and the logits within what rounding explains (the TP bound; inductor's fused
+    reductions add a few fp32 roundings, far inside it)."""
+    leader, follower = run("compiled", folder, tmp_path)
+    assert "error" not in leader, leader.get("traceback")
+    assert "error" not in follower, follower.get("traceback")
+    tp, one = leader["tp"], leader["one"]
+    check_logits(tp["logits"], one["logits"], folder, leader["dtype"], "logits", record_property)
+    assert tp["plain"] == one["plain"] and tp["spec"] == one["spec"] == one["plain"]
+    assert tp["compile"]["compiled"] and not one["compile"]["compiled"]
+    assert follower["compile"]["compiled"] and follower["compile"]["compiled_variants"] >= 1
+    assert follower["plans"] > 0
+
+
 def test_fewer_kv_heads_than_ranks_replicate_the_kv_head(tmp_path: Path, record_property: Any) -> None:
     """4 query heads, 1 KV head, 2 ranks: each rank keeps the one KV head (replicated) for its 2 query heads;
     Qwen2's q/k/v biases are split with them. Its n-gram drafter copies ids of the whole vocabulary (many past rank

@@ -278,6 +278,27 @@ def packed(rank: int, folder: Path, result: dict[str, Any]) -> None:
     _follow_or(rank, lm, result, lead)
 
 
+def compiled(rank: int, folder: Path, result: dict[str, Any]) -> None:
+    """Every rank compiled (``compile=True``: the tensor-parallel sums are custom ops inside each rank's graph)
+    against TP=1 eager: rank 0 records step-by-step logits, greedy tokens plain and speculative (MTP) of both and
+    the compiled variants; digest check on."""
+    lm = load(folder, dist.get_world_size(), lockstep_check=True, compile=True)
+
+    def lead() -> None:
+        one = load(folder, 1, compile=False)
+        for name, model in (("tp", lm), ("one", one)):
+            result[name] = {"logits": logits_of(model, PROMPTS[2], step_by_step=True),
+                            "plain": model.generate(PROMPTS[0], 16, speculative_tokens=0).tokens,
+                            "spec": model.generate(PROMPTS[0], 16, speculative_tokens=3).tokens,
+                            "compile": model.compile_stats}
+        result["dtype"] = str(lm.transformer.dtype)
+        one.close()
+        lm.close()
+
+    _follow_or(rank, lm, result, lead)
+    result["compile"] = lm.compile_stats
+
+
 def killed(rank: int, folder: Path, result: dict[str, Any]) -> None:
     """Rank 1 dies at its 5th forward (mid-request); rank 0's generate must raise within the timeout."""
     import time
@@ -316,4 +337,4 @@ def oversized(rank: int, folder: Path, result: dict[str, Any]) -> None:
 
 SCENARIOS: dict[str, Callable[[int, Path, dict[str, Any]], None]] = {
     "parity": parity, "hybrid": hybrid, "greedy": greedy, "killed": killed, "oversized": oversized,
-    "own_group": own_group, "packed": packed}
+    "own_group": own_group, "packed": packed, "compiled": compiled}

@@ -129,7 +129,8 @@ class DraftModelDrafter:
             max_seq_len=ctx.max_seq_len,
             # what the target's pool left, less a margin
             mem_fraction=1.0 if device.type == "cuda" else None,
-            cuda_graphs=False, drafter=None)
+            cuda_graphs=False, drafter=None,
+            compile=ctx.transformer.compiled is not None)  # as the target runs
         try:
             return cls(draft, ctx.vocab_size, num_speculative_tokens)
         except ValueError:

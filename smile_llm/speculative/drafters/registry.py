@@ -49,11 +49,11 @@ class LoadedModel(Protocol):
 
 class ModelLoader(Protocol):
     """How a draft checkpoint is loaded (``LanguageModel.from_pretrained``): the keywords below,
-    plain decoding."""
+    plain decoding, compiled as the target is."""
 
     def __call__(self, path: str | Path, *, device: torch.device, dtype: torch.dtype,
                  page_size: int, max_batch_size: int, max_seq_len: int, mem_fraction: float | None,
-                 cuda_graphs: bool, drafter: None) -> LoadedModel: ...
+                 cuda_graphs: bool, drafter: None, compile: bool) -> LoadedModel: ...
 
 
 @dataclass(frozen=True)
