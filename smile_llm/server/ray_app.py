@@ -69,6 +69,8 @@ def application(options: ModelOptions, settings: ServerSettings, replicas: int =
     from .ingress import Ingress
     from .replica import ModelReplica
 
+    # decided here, in this process's environment, so every replica decides alike
+    options = replace(options, compile=options.compiles)
     tp = options.tensor_parallel
     bundle = {"CPU": cpus_per_replica, **({"GPU": gpus_per_replica} if gpus_per_replica else {})}
     placement: dict[str, Any] = dict(placement_group_bundles=[bundle] * tp,
