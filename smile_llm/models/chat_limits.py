@@ -9,8 +9,11 @@ render in milliseconds, to prompts of at most a few hundred thousand characters)
 
 from __future__ import annotations
 
+import os
 import sys
+import sysconfig
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +22,8 @@ from operator import is_
 from types import FrameType
 from typing import Any
 
+import jinja2
+import markupsafe
 from jinja2.utils import Namespace
 
 from ..errors import RenderBudgetError
@@ -95,8 +100,11 @@ class RenderBudget:
         once the deadline has passed (Python then drops the hook: one raise). Only at a call: a
         raise at a return would replace or chain an exception already on its way out (a C
         function's, or one the template's own handler is rewriting), and what reached the caller
-        would be that confusion instead of the overrun."""
-        if event in _ENTRY_EVENTS and self.watching and time.monotonic() > self.deadline:
+        would be that confusion instead of the overrun. Only in code run for the template
+        (``_for_the_template``): a garbage collector's weakref callback that happens to run
+        meanwhile would swallow the raise as unraisable and leave the render confused."""
+        if (event in _ENTRY_EVENTS and self.watching and time.monotonic() > self.deadline
+                and _for_the_template(frame)):
             self.watching = False
             raise Overrun
 
@@ -290,3 +298,18 @@ def _flat_size(v: Any, limit: int) -> tuple[int, list[tuple[Any, int]]]:
         return total, []
     distinct = dict(zip(map(id, children), children))
     return total, [(distinct[key], times) for key, times in Counter(map(id, children)).items()]
+
+
+# code a render runs on its behalf: jinja2's, markupsafe's and this package's, and the standard
+# library's (textwrap, re, ...) and the template's own (whose file name is not a path); not the
+# installed packages' others (torch's weakref callbacks, say) nor weakref's own callbacks
+_OWN_CODE = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in
+                  (jinja2.__file__, markupsafe.__file__, __file__))
+_FOREIGN_CODE = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep
+                       for key in ("purelib", "platlib")}) + (os.path.abspath(weakref.__file__),)
+
+
+def _for_the_template(frame: FrameType) -> bool:
+    """Whether ``frame`` runs code on the render's behalf (see ``_OWN_CODE``)."""
+    name = frame.f_code.co_filename
+    return name.startswith(_OWN_CODE) or not name.startswith(_FOREIGN_CODE)

@@ -101,6 +101,7 @@ def test_the_serve_run_config_deploys(tmp_path: Path) -> None:
     port = free_port()
     config["http_options"] = {"host": "127.0.0.1", "port": port}
     config["applications"][0]["args"]["cpus_per_replica"] = 0.5  # (fits a machine of fewer than 2 CPUs too)
+    config["applications"][0]["args"]["compile"] = False  # eager replicas, whatever the environment Ray gives them
     local = tmp_path / "serve.yaml"
     local.write_text(yaml.safe_dump(config))
     serve = Path(sys.executable).parent / "serve"

@@ -32,12 +32,13 @@ def test_the_compile_gauges_read_the_models_stats() -> None:
     compiled = LanguageModel.default("dense", compile=True, max_batch_size=2, max_seq_len=64)
     try:
         assert GAUGES["compile_seconds"](eager) == 0.0 and GAUGES["compiled_variants"](eager) == 0.0
-        assert GAUGES["compiled_variants"](compiled) == 0.0  # nothing compiled before the first forward
+        assert GAUGES["compile_seconds"](compiled) == 0.0  # this model compiled nothing before its first forward
         stats = compiled.warm_up()
-        # windows of one token (plain decode steps) and of more (prefills, verify windows)
+        # windows of one token (plain decode steps) and of more (prefills, verify windows); the variants are those of
+        # the structure, which an earlier model in this process may have made
         assert stats["compiled"] and stats["compiled_variants"] == 2
         assert GAUGES["compiled_variants"](compiled) == 2.0
-        assert GAUGES["compile_seconds"](compiled) == stats["compile_seconds"] > 0
+        assert GAUGES["compile_seconds"](compiled) == stats["compile_seconds"] >= 0
         pool = compiled.pool  # the warm-up's pages evicted again
         assert pool.bound_request_count == 0 and pool.free_pages == pool.num_slots // pool.page_size
     finally:
