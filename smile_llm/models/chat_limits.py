@@ -14,6 +14,7 @@ import sys
 import sysconfig
 import time
 import weakref
+import _weakrefset
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import jinja2
 import markupsafe
 from jinja2.utils import Namespace
 
+from ..collector import collecting
 from ..errors import RenderBudgetError
 
 MAX_RENDER_SECONDS = 5.0  # wall time of one render
@@ -79,6 +81,7 @@ class RenderBudget:
         self.depth = 0
         self.produced = 0
         self.watching = False
+        self.entry: FrameType | None = None  # the frame of the outermost ``watch``
 
     def watch(self, f: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``f(*args, **kwargs)`` with ``hook`` as this thread's profile function (the previous one
@@ -87,7 +90,7 @@ class RenderBudget:
         if self.watching:
             return f(*args, **kwargs)
         previous = sys.getprofile()
-        self.watching = True
+        self.watching, self.entry = True, sys._getframe()
         sys.setprofile(self.hook)
         try:
             return f(*args, **kwargs)
@@ -100,13 +103,25 @@ class RenderBudget:
         once the deadline has passed (Python then drops the hook: one raise). Only at a call: a
         raise at a return would replace or chain an exception already on its way out (a C
         function's, or one the template's own handler is rewriting), and what reached the caller
-        would be that confusion instead of the overrun. Only in code run for the template
-        (``_for_the_template``): a garbage collector's weakref callback that happens to run
-        meanwhile would swallow the raise as unraisable and leave the render confused."""
+        would be that confusion instead of the overrun. Only where the raise reaches the render's
+        caller: never while the garbage collector runs (its callbacks, weakref callbacks and
+        finalizers run inside whatever code allocated, and what they raise is swallowed, after which
+        CPython 3.11 resumes the render with its profile function gone mid-call: a confused error or
+        an aborted process), and only when every frame from ``frame`` down to ``watch``'s runs code
+        on the render's behalf (``_for_the_template``); elsewhere the next call is checked."""
         if (event in _ENTRY_EVENTS and self.watching and time.monotonic() > self.deadline
-                and _for_the_template(frame)):
+                and not collecting() and self._on_the_render_path(frame)):
             self.watching = False
             raise Overrun
+
+    def _on_the_render_path(self, frame: FrameType | None) -> bool:
+        """Whether every frame from ``frame`` down to (not including) ``watch``'s own runs code on
+        the render's behalf."""
+        while frame is not None and frame is not self.entry:
+            if not _for_the_template(frame):
+                return False
+            frame = frame.f_back
+        return frame is not None
 
     def overrun(self) -> RenderBudgetError:
         """The error of a render that ran past its deadline."""
@@ -300,16 +315,24 @@ def _flat_size(v: Any, limit: int) -> tuple[int, list[tuple[Any, int]]]:
     return total, [(distinct[key], times) for key, times in Counter(map(id, children)).items()]
 
 
-# code a render runs on its behalf: jinja2's, markupsafe's and this package's, and the standard
-# library's (textwrap, re, ...) and the template's own (whose file name is not a path); not the
-# installed packages' others (torch's weakref callbacks, say) nor weakref's own callbacks
+# code a render runs on its behalf: jinja2's, markupsafe's and this folder's (the sandbox), the
+# standard library's (textwrap, re, pprint, ...) but not weakref's callbacks, and the template's own
+# (whose file name is not a path); not the installed packages' others (torch's weakref callbacks,
+# say), nor the rest of this package, nor the caller's
 _OWN_CODE = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in
                   (jinja2.__file__, markupsafe.__file__, __file__))
 _FOREIGN_CODE = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep
-                       for key in ("purelib", "platlib")}) + (os.path.abspath(weakref.__file__),)
+                       for key in ("purelib", "platlib")}) + tuple(
+    os.path.abspath(module.__file__ or "") for module in (weakref, _weakrefset))
+_STANDARD_LIBRARY = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep
+                           for key in ("stdlib", "platstdlib")})
 
 
 def _for_the_template(frame: FrameType) -> bool:
     """Whether ``frame`` runs code on the render's behalf (see ``_OWN_CODE``)."""
     name = frame.f_code.co_filename
-    return name.startswith(_OWN_CODE) or not name.startswith(_FOREIGN_CODE)
+    if name.startswith(_OWN_CODE):
+        return True
+    if name.startswith(_FOREIGN_CODE):
+        return False
+    return name.startswith(_STANDARD_LIBRARY) or not os.path.isabs(name)

@@ -28,13 +28,13 @@ Cancelling the task of an ``astream`` loop, or leaving it, cancels the request.
 from __future__ import annotations
 
 import asyncio
-import gc
 import queue
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..collector import collecting
 from .request import RequestHandle
 
 _END = object()
@@ -71,18 +71,6 @@ class _ChunkListener:
         self._put(_END)
 
 
-# the cyclic garbage collector is running (finalizers may then run inside any code)
-_collecting = False
-
-
-def _gc_phase(phase: str, info: dict[str, Any]) -> None:
-    global _collecting
-    _collecting = phase == "start"
-
-
-gc.callbacks.append(_gc_phase)
-
-
 def _release_dropped(handle: RequestHandle) -> None:
     """A dropped stream's finalizer: cancel its request. Dropped by the last reference going away
     (user code), the cancel is done here and the KV is released when the finalizer returns;
@@ -91,7 +79,7 @@ def _release_dropped(handle: RequestHandle) -> None:
     if handle.done():
         return
     handle.cancel_requested = True
-    if not _collecting:
+    if not collecting():
         try:
             handle.cancel()
         except Exception:  # noqa: BLE001 - a finalizer must not raise; the flag still ends it at

@@ -763,6 +763,39 @@ def test_the_profile_function_is_restored_after_a_render() -> None:
         sys.setprofile(None)
 
 
+def test_the_deadline_never_fires_inside_a_collectors_callback() -> None:
+    """The collector runs its callbacks (and finalizers) inside whatever code allocates. A raise there would be
+    swallowed as unraisable, and CPython 3.11 then continues the interrupted render with its profile function
+    dropped mid-call: the render fails with a confused error ("'traceback' object is not callable") or the
+    process aborts. With collections forced every few allocations and a callback that calls Python code, every
+    deadline in a sweep across a sort by key must end as the budget error, with nothing unraisable."""
+    import gc
+    import logging
+    import sys
+
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        json.dumps(info)  # Python code of the standard library, called from code that is not the render's
+
+    # and the standard library's code called by the collector itself (on the render's path by its frames alone)
+    callbacks = [callback, logging.getLogger("smile_llm.tests.collector").debug]
+    unraisable: list[Any] = []
+    hook, threshold = sys.unraisablehook, gc.get_threshold()
+    sys.unraisablehook = unraisable.append
+    gc.callbacks.extend(callbacks)
+    gc.set_threshold(20)
+    try:
+        for i in range(40):
+            limits = RenderLimits(seconds=0.002 + i * 0.0015, chars=1 << 20, range=100_000, depth=8)
+            with pytest.raises(RenderBudgetError, match="time budget"):
+                render("{{ ([{'k': 'x'}] * 60000)|sort(attribute='k')|length }}", limits)
+    finally:
+        for c in callbacks:
+            gc.callbacks.remove(c)
+        gc.set_threshold(*threshold)
+        sys.unraisablehook = hook
+    assert not unraisable
+
+
 def test_a_template_that_does_not_parse_is_a_typed_error() -> None:
     with pytest.raises(ChatTemplateError, match="hostile.jinja does not parse"):
         render("{% for %}")
