@@ -24,7 +24,7 @@ from ..sampling.next_tokens import choose_next
 from ..speculative.draft_policy import DraftPolicy, ThroughputPolicy
 from ..speculative.draft_tree import (DraftTree, TreeAccept, window_mask)
 from ..speculative.drafters import Drafter
-from ..speculative.guarded_drafter import GuardedDrafter
+from ..speculative.drafters.guarded_drafter import GuardedDrafter
 from ..speculative.guarded_policy import GuardedPolicy
 from ..speculative.row_acceptance import accept_tree_row, accept_window
 from .sequence import MAX_FORCED_TOKENS, Sequence

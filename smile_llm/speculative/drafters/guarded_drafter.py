@@ -21,9 +21,9 @@ from typing import Protocol, TypeVar
 
 import torch
 
-from .draft_row import DraftRow
-from .draft_tree import DraftTree, tree_nodes
-from .drafters.base import Drafter
+from ..draft_row import DraftRow
+from ..draft_tree import DraftTree, tree_nodes
+from .base import Drafter
 
 _T = TypeVar("_T")
 
