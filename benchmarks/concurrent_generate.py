@@ -81,7 +81,7 @@ def main() -> None:
         ratios[label] = s / c
         print(f"{label:32s} sequential {s:6.2f} s ({tokens / s:6.1f} tok/s)  concurrent {c:6.2f} s "
               f"({tokens / c:6.1f} tok/s)  ratio {s / c:5.2f}x  outputs identical")
-    print(f"scheduler preemptions: {lm.server.scheduler.preemptions}")
+    print(f"scheduler preemptions: {lm.serving_loop.scheduler.preemptions}")
     lm.close()
     best = ratios["speculative (model default k)"]
     print(f"headline: {args.threads} threads calling generate() at once: {best:.2f}x the sequential throughput "

@@ -128,7 +128,7 @@ def build_checkpoint(folder: Path, shape: Shape, dtype: torch.dtype, device: tor
     and renamed, so a run cut short never leaves a half checkpoint to reuse."""
     from safetensors.torch import save_file
 
-    from smile_llm.models.config import ModelConfig
+    from smile_llm.models.checkpoint.config import ModelConfig
     from smile_llm.models.transformer import Transformer
 
     cfg = shape.config(dtype)

@@ -153,11 +153,11 @@ def in_process(folder: Path, args: argparse.Namespace) -> float:
             th.start()
         for th in threads:
             th.join()
-        lm.server.stop_thread(wait=False)
+        lm.serving_loop.stop_thread(wait=False)
 
     t = time.perf_counter()
     threading.Thread(target=clients).start()
-    lm.server.drive_here()
+    lm.serving_loop.drive_here()
     rate = sum(tokens) / (time.perf_counter() - t)
     lm.close()
     return rate

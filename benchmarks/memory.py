@@ -97,7 +97,7 @@ def main() -> None:
     import torch
 
     from smile_llm.cache import KvCachePool
-    from smile_llm.models.config import ModelConfig
+    from smile_llm.models.checkpoint.config import ModelConfig
     from smile_llm.models.shipped import DEFAULT_MODEL_DIR
 
     res = {}

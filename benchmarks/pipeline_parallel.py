@@ -40,7 +40,7 @@ VOCAB = 8192
 def build(folder: Path, hidden: int, layers: int) -> None:
     from safetensors.torch import save_file
 
-    from smile_llm.models.config import ModelConfig
+    from smile_llm.models.checkpoint.config import ModelConfig
     from smile_llm.models.transformer import Transformer
 
     cfg = {"model_type": "qwen3", "vocab_size": VOCAB, "hidden_size": hidden, "num_hidden_layers": layers,

@@ -136,7 +136,7 @@ def main() -> None:
         args.repeats, args.new = 2, 16
     from transformers.utils import logging as hf_logging
 
-    from smile_llm.attention import torch_plan
+    from smile_llm.attention.torch import plan as torch_plan
     from smile_llm.language_model import LanguageModel
 
     if args.no_spans:

@@ -6,7 +6,7 @@ processors, the warpers, the draws). The option's cost is the extra time of that
 share of a whole plain greedy step at the same batch size:
 
 - the plain step: ``generate_batch`` with plain decoding, the median time per decode step over ``--repeats`` runs;
-- the choice: ``choose_next`` on real ``Sequence`` rows (64 tokens of history each) with the option on, the best of
+- the choice: ``choose_next`` on real ``RequestRow`` rows (64 tokens of history each) with the option on, the best of
   5 rounds of ``--iters`` calls (the choice is microseconds; its best round is stable on a noisy machine, where
   whole-run timings vary by +-10%).
 
@@ -58,10 +58,10 @@ def choice_seconds(lm, prompts: list[str], batch: int, options: dict, iters: int
     """Best-of-5 seconds of one ``choose_next`` over ``batch`` rows with ``options`` (64 tokens of history)."""
     from smile_llm.sampling.next_tokens import choose_next
     from smile_llm.serving.request import Request, SamplingParams
-    from smile_llm.serving.sequence import Sequence
+    from smile_llm.serving.request_row import RequestRow
 
-    seqs = [Sequence(lm, Request.create(lm, prompts[b % len(prompts)], SamplingParams(1000, **options)), b + 1, 0, 4096)
-            for b in range(batch)]
+    seqs = [RequestRow(lm, Request.create(lm, prompts[b % len(prompts)], SamplingParams(1000, **options)), b + 1,
+                       0, 4096) for b in range(batch)]
     gen = torch.Generator().manual_seed(0)
     for s in seqs:
         for t in torch.randint(0, lm.config.vocab_size, (64,), generator=gen).tolist():

@@ -164,7 +164,7 @@ def deploy(args: argparse.Namespace, replicas: int, router: str, name: str, pool
     from ray import serve
 
     from smile_llm.server.model_options import ModelOptions
-    from smile_llm.server.ray_app import application
+    from smile_llm.server.replicas.ray_app import application
     from smile_llm.server.settings import ServerSettings
 
     # (on the CPU a replica's KV pool holds max_batch_size x max_seq_len tokens)

@@ -149,7 +149,7 @@ def in_process(lm: Any, prompts: list[list[int]], concurrency: int, requests: in
 
     def start(slot: int, k: int) -> None:
         stamps = _Stamps()
-        handle = lm.server.submit(lm.request(prompts[(slot * requests + k) % len(prompts)], params,
+        handle = lm.serving_loop.submit(lm.request(prompts[(slot * requests + k) % len(prompts)], params,
                                              listener=stamps))
         handle.add_done_callback(lambda h: finished(h, slot, k, stamps))
 
@@ -164,12 +164,12 @@ def in_process(lm: Any, prompts: list[list[int]], concurrency: int, requests: in
             return
         active[0] -= 1
         if active[0] == 0:
-            lm.server.stop_thread(wait=False)
+            lm.serving_loop.stop_thread(wait=False)
 
     t0, before = time.perf_counter(), thread_times(os.getpid())
     for slot in range(concurrency):
         start(slot, 0)
-    lm.server.drive_here()
+    lm.serving_loop.drive_here()
     seconds, cpu = time.perf_counter() - t0, cpu_between(os.getpid(), before)
     if failures:
         raise RuntimeError(f"in-process request failed: {failures[0]!r}")

@@ -35,7 +35,7 @@ from benchmarks.bench_env import code_version  # noqa: E402
 def build(folder: Path, hidden: int, layers: int) -> None:
     from safetensors.torch import save_file
 
-    from smile_llm.models.config import ModelConfig
+    from smile_llm.models.checkpoint.config import ModelConfig
     from smile_llm.models.transformer import Transformer
 
     cfg = {"model_type": "qwen3", "vocab_size": 8192, "hidden_size": hidden, "num_hidden_layers": layers,

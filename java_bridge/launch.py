@@ -101,7 +101,7 @@ def run(argv: list[str], prog: str = "python -m java_bridge") -> int:
     model: Any = None
     if not args.no_model:
         from smile_llm import LanguageModel, env
-        from smile_llm.models.folder import load_error, model_folder_problem
+        from smile_llm.models.checkpoint.folder import load_error, model_folder_problem
 
         problem = None if args.model is None else model_folder_problem(args.model)
         if problem is not None:

@@ -2,7 +2,7 @@
 """Write the Hugging Face tokenizer files of the shipped byte-level models (``smile_llm/models/default``,
 ``default_hybrid`` and ``default_draft``): ``tokenizer.json``, ``tokenizer_config.json`` and ``chat_template.jinja``.
 
-``tokenizer.json`` is the package's byte tokenizer (``smile_llm.models.tokenizer.ByteTokenizer``) in the
+``tokenizer.json`` is the package's byte tokenizer (``smile_llm.text.tokenizer.ByteTokenizer``) in the
 ``tokenizers`` library's format, so that ``transformers.AutoTokenizer`` and every tool built on it tokenize these
 models exactly as the package does:
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .serving.completion import Completion
     from .errors import GenerationCancelled
     from .serving.listener import GenerationListener
-    from .models.config import ModelConfig
+    from .models.checkpoint.config import ModelConfig
     from .errors import (
         ChatTemplateError,
         CheckpointError,
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
         ModelFileError,
         EngineShutdownError,
         RenderBudgetError,
+        RequestError,
+        PromptTooLongError,
         RequestTypeError,
         SegmentError,
         SegmentUnsupportedError,
@@ -78,7 +80,7 @@ _SOURCES = {
     "LayerNotHeldError": ".cache",
     "LanguageModel": ".language_model",
     "LockstepError": ".distributed.lockstep",
-    "ModelConfig": ".models.config",
+    "ModelConfig": ".models.checkpoint.config",
     "ModelFileError": ".errors",
     "NoActiveStepError": ".cache",
     "PoolClosedError": ".cache",
@@ -86,6 +88,8 @@ _SOURCES = {
     "RenderBudgetError": ".errors",
     "RequestHandle": ".serving.request",
     "RequestOffloadedError": ".cache",
+    "RequestError": ".errors",
+    "PromptTooLongError": ".errors",
     "RequestTypeError": ".errors",
     "SampleGroup": ".serving.sample_group",
     "SamplingParams": ".serving.request",

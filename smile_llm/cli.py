@@ -30,7 +30,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from . import env
-from .models.folder import MODEL_FOLDER, load_error, model_folder_problem
+from .models.checkpoint.folder import MODEL_FOLDER, load_error, model_folder_problem
 from .server.flags import positive_int as _positive_int
 
 EXIT_BAD_INPUT = 2
@@ -445,7 +445,7 @@ def _serve_replicas(args: argparse.Namespace, options: Any, settings: Any) -> in
     """``serve --replicas N``: the Ray Serve application on a local Ray instance."""
     from dataclasses import replace
 
-    from .server.ray_app import application, serve_replicas
+    from .server.replicas.ray_app import application, serve_replicas
 
     try:
         # (threads: one per CPU a replica asks for, set by application)

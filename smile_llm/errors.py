@@ -10,7 +10,7 @@ all) whose message names the file (when there is one) and the field, tensor or t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 E = TypeVar("E", bound="ModelFileError")
 
@@ -53,7 +53,7 @@ class ChatTemplateError(ValueError):
 
 
 class RenderBudgetError(ChatTemplateError):
-    """A chat template's render exceeded one of its limits (``chat_limits``: time, size, range, call
+    """A chat template's render exceeded one of its limits (``text.limits``: time, size, range, call
     depth); the message names the limit."""
 
 
@@ -62,7 +62,54 @@ class GenerationCancelled(RuntimeError):
     shutdown that cancels pending work); its KV was released."""
 
 
-class RequestTypeError(TypeError, ValueError):
+def _rebuilt(cls: type[BaseException], args: tuple[Any, ...],
+             state: dict[str, Any]) -> BaseException:
+    """A request error rebuilt by pickle or copy without calling its ``__init__``."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+class RequestError(ValueError):
+    """A request field out of range, inconsistent with another field or with the model, or (as
+    ``RequestTypeError``) of the wrong type; nothing was queued or bound. ``field`` names it (the
+    Python name: ``max_new_tokens``, ``logit_bias``, ``segments[0]``, ...), and the message leads
+    with it wherever it can. The server answers 400 naming the field (its HTTP name where that
+    differs), the Java bridge an IllegalArgumentException led by its Java name: both read
+    ``field``, never the message's words."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+    def after_field(self) -> str | None:
+        """The message after its leading ``field`` (which a space, ``:`` or ``[`` follows); None
+        when the message does not lead with it."""
+        message, n = str(self), len(self.field)
+        leads = message.startswith(self.field) and message[n:n + 1] in (" ", ":", "[")
+        return message[n:] if leads else None
+
+    def renamed(self, name: str) -> str:
+        """The message with its leading field called ``name`` (unchanged when it does not lead
+        with it)."""
+        rest = self.after_field()
+        return str(self) if rest is None else name + rest
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+class PromptTooLongError(RequestError):
+    """A prompt (with its segments) of ``tokens`` tokens, more than the model's ``max_seq_len``."""
+
+    def __init__(self, tokens: int, max_seq_len: int) -> None:
+        super().__init__(f"prompt of {tokens} tokens exceeds max_seq_len {max_seq_len}; shorten it "
+                         "or load the model with a larger max_seq_len", field="prompt")
+        self.tokens, self.max_seq_len = tokens, max_seq_len
+
+
+class RequestTypeError(RequestError, TypeError):
     """A request field of the wrong type. Also a ValueError, so callers that catch ValueError for
     bad input catch every invalid request."""
 
@@ -72,14 +119,13 @@ class EngineShutdownError(RuntimeError):
     came after shutdown."""
 
 
-class ConstraintError(ValueError):
+class ConstraintError(RequestError):
     """A constraint field of a request (``json_schema``, ``json_object``, ``regex``, ``grammar``,
     ``choice``) that is malformed, over its size or nesting limit, or that the grammar engine
     refuses; ``field`` names it and the message quotes the engine's own."""
 
     def __init__(self, message: str, *, field: str) -> None:
-        self.field = field
-        super().__init__(f"{field}: {message}")
+        super().__init__(f"{field}: {message}", field=field)
 
 
 class GrammarError(RuntimeError):
@@ -97,7 +143,7 @@ class GrammarLimitError(ConstraintError, GrammarError):
     ``GrammarError`` (that request alone fails, its pages released)."""
 
 
-class SegmentError(ValueError):
+class SegmentError(RequestError):
     """A request or call names a registered segment (``LanguageModel.register_segment``) that this
     model cannot use: one released or registered with another model, a piece of ``segments`` of the
     wrong kind, or a request whose settings need every prompt position computed

@@ -6,8 +6,7 @@ validated requests (``ServingContext.request``) and hand them to the model's own
 created on first use and shut down by ``close()``. Its scheduler binds (radix match, lock, private
 pages), prefills, steps (speculative rounds where the model drafts), finishes (the written KV goes
 into the prefix tree) and releases every request, whichever thread called. Concurrent calls are
-batched together; a caller waiting alone drives the steps on its own thread.
-"""
+batched together; a caller waiting alone drives the steps on its own thread."""
 
 from __future__ import annotations
 
@@ -22,17 +21,16 @@ import torch
 
 from . import env
 from .attention.backend import AttentionBackend, AttentionShape, select_backend
-from .cache import KvCacheLayout, KvCachePool, StatePool
-from .cache.kv_dtype import kv_formats
+from .cache import KvCachePool
 from .distributed.group import TensorParallel
-from .models.config import ModelConfig
-from .models.config_hybrid import FULL_ATTENTION
+from .models.checkpoint.config import ModelConfig
 from .sampling.grammar_compiler import GrammarCompiler
+from .serving.model_pools import allocate_pools
 from .serving.model_runner import ModelRunner
 from .serving.parallel_ranks import follow_leader, join_lockstep, lockstep_pools
 from .speculative.draft_policy import DraftPolicy
 from .speculative.drafters import Drafter, build_drafter
-from .errors import GenerationCancelled, RequestTypeError
+from .errors import GenerationCancelled, RequestError, RequestTypeError
 from .serving.request import (BATCH_KEYWORDS, CHAT_KEYWORDS, GENERATE_KEYWORDS, STREAM_KEYWORDS,
                               Request, RequestHandle, SamplingParams, check_keywords, check_prompt,
                               option_fields)
@@ -45,16 +43,15 @@ from .speculative.acceptance import RoundRecord
 from .serving.context import ServingContext
 from .serving.streaming import StreamChunk, TokenStream
 from .serving.serving_loop import ServingLoop
-from .models.state_step import state_specs
-from .models.tokenizer import Tokenizer, load_tokenizer
+from .text.tokenizer import Tokenizer, load_tokenizer
 from .models.transformer import Transformer
-from .models.chat_template import CONFIG_FILE, TEMPLATE_FILE, ChatTemplate, check_template_kwargs
-from .models.checkpoint_checks import check_checkpoint
-from .models.hybrid_layout import to_module_names
+from .text.chat_template import CONFIG_FILE, TEMPLATE_FILE, ChatTemplate, check_template_kwargs
+from .models.checkpoint.checks import check_checkpoint
+from .models.checkpoint.hybrid_layout import to_module_names
 from .models.sharding import check_shardable, local_config, read_sharded_checkpoint
 from .models.stages import init_stage
 from .models.shipped import DEFAULT_MODEL_DIRS
-from .models.weights import load_into, read_checkpoint
+from .models.checkpoint.weights import load_into, read_checkpoint
 
 __all__ = ["Completion", "GenerationCancelled", "LanguageModel"]
 
@@ -91,8 +88,8 @@ class LanguageModel:
         # the checkpoint's (from_pretrained), for chat / encode_chat
         self.chat_template: ChatTemplate | None = None
         self.folder: Path | None = None  # the checkpoint folder (from_pretrained)
-        self._server: ServingLoop | None = None
-        self._server_lock = threading.Lock()
+        self._serving_loop: ServingLoop | None = None
+        self._serving_loop_lock = threading.Lock()
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -177,37 +174,10 @@ class LanguageModel:
         tokenizer = load_tokenizer(folder, config.eos_token_ids, config.vocab_size)
         chat_template = ChatTemplate.from_folder(folder)
         seq = max_seq_len or min(config.max_position_embeddings, 4096)
-        kv_layers = sum(1 for t in config.layer_types if t == FULL_ATTENTION)
-        layout = KvCacheLayout(len(stage.kv_layers), local.num_key_value_heads, config.head_dim,
-                               max_batch_size, seq)
-        # Smile's order: the DeltaNet state pool first, so the KV pool is sized from the memory left
-        # after it
-        snapshots = 2 * max_batch_size if state_snapshots is None else state_snapshots
-        states = (StatePool(state_specs(local, dtype, len(stage.linear_layers)), max_batch_size,
-                            device, snapshots) if hybrid else None)
-        formats = kv_formats(kv_dtype, kv_layers, dtype)[stage.kv_layers.start:stage.kv_layers.stop]
-        layout.layer_page_bytes(formats, page_size)  # a packed format that does not fit: here
-        if kv_scales is not None and not any(f.k.fp8 or f.v.fp8 for f in formats):
-            raise ValueError(f"kv_scales apply to FP8 KV only; kv_dtype is "
-                             f"{', '.join(map(str, formats))}")
-        options = {"kv_formats": formats, "compute_dtype": dtype,
-                   "num_tails": 2 * max_batch_size + 4, "first_layer": stage.kv_layers.start}
-        pool = KvCachePool.allocate(layout, device, dtype, mem_fraction or 0.85, page_size,
-                                    **options)  # type: ignore[arg-type]
-        if kv_scales is not None:
-            pool.set_kv_scales(*kv_scales)
-        # every rank's pool the same size (sized from each device's free memory on CUDA)
-        if stage.world.size > 1:
-            slots = min(stage.world.all_gather_object(pool.num_slots))
-            if slots != pool.num_slots:
-                pool.close()
-                pool = KvCachePool(layout.num_layers, slots, layout.num_kv_heads, layout.head_dim,
-                                   page_size, device, dtype, **options)  # type: ignore[arg-type]
-                if kv_scales is not None:
-                    pool.set_kv_scales(*kv_scales)
-        if states is not None:
-            # a prefix hit then ends at a node with a state snapshot, restored on bind
-            pool.attach_state(states)
+        pool = allocate_pools(config, local, stage, device, dtype, max_batch_size=max_batch_size,
+                              max_seq_len=seq, page_size=page_size, mem_fraction=mem_fraction,
+                              kv_dtype=kv_dtype, kv_scales=kv_scales,
+                              state_snapshots=state_snapshots)
         # per model: the reference (one warning naming the reason) where FlashInfer's kernels cannot
         # serve it
         backend = select_backend(device,
@@ -268,7 +238,7 @@ class LanguageModel:
                 listener: Listener = None, cancel: Callable[[], bool] | None = None,
                 on_round: Callable[[RoundRecord], None] | None = None) -> Request:
         """Validate one request without queuing it (``ServingContext.request``: ValueError/TypeError
-        naming the field, nothing bound); ``server.submit`` queues it."""
+        naming the field, nothing bound); ``serving_loop.submit`` queues it."""
         return self.serving_context.request(prompt, params, listener=listener, cancel=cancel,
                                             on_round=on_round)
 
@@ -342,7 +312,8 @@ class LanguageModel:
     @jump_forward.setter
     def jump_forward(self, value: bool) -> None:
         if not isinstance(value, bool):
-            raise RequestTypeError(f"jump_forward must be a bool, got {value!r}")
+            raise RequestTypeError(f"jump_forward must be a bool, got {value!r}",
+                                   field="jump_forward")
         self.runner.jump_forward = value
 
     @classmethod
@@ -372,38 +343,52 @@ class LanguageModel:
         ``release_segment``; requests splice it (``segments=[...]``, docs/segments.md). Errors of
         ``ServingContext.segment_tokens`` and ``SegmentRegistry.register``."""
         ids = self.serving_context.segment_tokens(segment)
-        return self.server.run_between_steps(lambda: self.runner.segments.register(ids))
+        return self.serving_loop.run_between_steps(lambda: self.runner.segments.register(ids))
 
     def release_segment(self, segment: Segment) -> bool:
         """Free a segment's KV (``SegmentRegistry.release``); False when already released."""
-        return self.server.run_between_steps(lambda: self.runner.segments.release(segment))
+        return self.serving_loop.run_between_steps(lambda: self.runner.segments.release(segment))
 
     # ------------------------------------------------------------------ generation
     @property
-    def server(self) -> ServingLoop:
+    def serving_loop(self) -> ServingLoop:
         """The model's serving loop (created on first use): the one scheduler of every request of
         this model."""
-        server = self._server
-        if server is None:
-            with self._server_lock:
+        loop = self._serving_loop
+        if loop is None:
+            with self._serving_loop_lock:
                 if self.pool.closed:
                     raise RuntimeError("the model is closed; load it again to generate")
-                if self._server is None:
-                    self._server = ServingLoop(self.serving_context)
-                server = self._server
-        return server
+                if self._serving_loop is None:
+                    self._serving_loop = ServingLoop(self.serving_context)
+                loop = self._serving_loop
+        return loop
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                listener: Listener = None, cancel: Callable[[], bool] | None = None,
                on_round: Callable[[RoundRecord], None] | None = None
                ) -> RequestHandle | SampleGroup:
         """Validate one request (``request``: ValueError/TypeError naming the field, nothing bound)
-        and queue it on the model's server; returns its handle at once: a ``RequestHandle``, or for
-        ``params.n > 1`` a ``SampleGroup`` whose ``result()`` is the list of the n samples.
+        and queue it on the model's serving loop; returns its handle at once: a ``RequestHandle``,
+        or for ``params.n > 1`` a ``SampleGroup`` whose ``result()`` is the list of the n samples.
         ``result()`` waits, advancing the model itself when no other thread does. Safe from any
         thread."""
-        return self.server.submit(self.request(prompt, params, listener=listener, cancel=cancel,
-                                                 on_round=on_round))
+        request = self.request(prompt, params, listener=listener, cancel=cancel, on_round=on_round)
+        return self.serving_loop.submit(request)
+
+    def submit_samples(self, prompt: str | Sequence[int], params: SamplingParams | None,
+                       listeners: Sequence[object], *,
+                       cancel: Callable[[], bool] | None = None) -> SampleGroup:
+        """Validate one request for ``len(listeners)`` samples of ``prompt`` (``params`` with that
+        ``n``; sample i draws with ``params.sample(i)``), each sample with its own listener
+        (anything with any of GenerationListener's methods, a callable of text chunks, or None;
+        ``as_listener``), and queue the samples together;
+        returns their ``SampleGroup`` at once: one handle per sample, in order, for any count.
+        Validated once for all samples, with ``submit``'s errors. Safe from any thread."""
+        params = replace(params or SamplingParams(), n=len(listeners))
+        request = self.serving_context.request(prompt, params, cancel=cancel, listeners=listeners)
+        queued = self.serving_loop.submit(request)
+        return queued if isinstance(queued, SampleGroup) else SampleGroup(request, [queued])
 
     @overload
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 256, *, n: Literal[1] = 1,
@@ -459,7 +444,7 @@ class LanguageModel:
         """Token ids of a conversation rendered by the checkpoint's own chat template, exactly as
         transformers' ``apply_chat_template(messages, add_generation_prompt=..., tools=...,
         tokenize=True, **template_vars)`` (e.g. ``enable_thinking=False``; see
-        ``smile_llm.models.chat_template``). ValueError naming the message and field for a malformed
+        ``smile_llm.text.chat_template``). ValueError naming the message and field for a malformed
         message, with the template's message when it rejects the conversation, or naming the files
         looked for when the checkpoint has no template."""
         if self.chat_template is None:
@@ -492,8 +477,8 @@ class LanguageModel:
         template_vars = check_template_kwargs(chat_template_kwargs)
         if "tools" in template_vars:  # given among the template's variables, as transformers allows
             if tools is not None:
-                raise ValueError("tools given twice: as chat(tools=...) and in "
-                                 "chat_template_kwargs; give it once")
+                raise RequestError("tools given twice: as chat(tools=...) and in "
+                                   "chat_template_kwargs; give it once", field="tools")
             tools = template_vars.pop("tools")
         ids = self.encode_chat(messages, True, tools, **template_vars)
         return self.generate(ids, max_new_tokens, n=n, **generate_kwargs)
@@ -510,14 +495,14 @@ class LanguageModel:
         exit. A ``break`` out of a loop over a held iterator leaves the request running until it
         finishes or the iterator is closed or dropped."""
         submit = self._stream_submit(prompt, max_new_tokens, generate_kwargs)
-        return streaming.stream(submit, self.server.serve_until_idle)
+        return streaming.stream(submit, self.serving_loop.serve_until_idle)
 
     def astream(self, prompt: str | Sequence[int], max_new_tokens: int = 256, **generate_kwargs: Any
                 ) -> AsyncIterator[StreamChunk]:
         """``stream`` for asyncio (``async for chunk in lm.astream(...)``); cancelling the task or
         leaving the loop cancels the request."""
         submit = self._stream_submit(prompt, max_new_tokens, generate_kwargs)
-        return streaming.astream(submit, self.server.serve_until_idle)
+        return streaming.astream(submit, self.serving_loop.serve_until_idle)
 
     def _stream_submit(self, prompt: str | Sequence[int], max_new_tokens: int,
                        kwargs: dict[str, Any]) -> Callable[[Any], RequestHandle]:
@@ -528,10 +513,10 @@ class LanguageModel:
         cancel = fields.pop("cancel", None)
         request = self.request(prompt, SamplingParams(max_new_tokens, **fields), cancel=cancel)
         if request.params.n != 1:
-            raise ValueError(f"n must be 1 to stream (got {request.params.n}): stream one sample "
-                             "at a time")
+            raise RequestError(f"n must be 1 to stream (got {request.params.n}): stream one sample "
+                               "at a time", field="n")
         return lambda listener: cast(RequestHandle,
-                                     self.server.submit(replace(request, listener=listener)))
+                                     self.serving_loop.submit(replace(request, listener=listener)))
 
     def generate_batch(self, prompts: Iterable[str | Sequence[int]], max_new_tokens: int = 256, *,
                        temperature: float = 0.0, top_p: float = 1.0, logprobs: bool | int = False,
@@ -550,7 +535,7 @@ class LanguageModel:
         if isinstance(prompts, (str, bytes, bytearray)) or not isinstance(prompts, Iterable):
             raise RequestTypeError("prompts must be a list of prompts (each a str or a sequence of "
                                    f"int token ids), got {type(prompts).__name__}: for one prompt "
-                                   "give [prompt] or call generate()")
+                                   "give [prompt] or call generate()", field="prompts")
         base = SamplingParams(max_new_tokens, temperature, top_p, seed, logprobs, stop,
                               speculative_tokens, draft_sampling, n=n,
                               **option_fields(options, "generate_batch()", BATCH_KEYWORDS))
@@ -560,7 +545,7 @@ class LanguageModel:
             # nonzero seeds stay nonzero per row
             row_seed = ((seed + i) % (1 << 64) or (1 << 62)) if seed else 0
             requests.append(self.request(p, replace(base, seed=row_seed)))
-        handles = [self.server.submit(r) for r in requests]
+        handles = [self.serving_loop.submit(r) for r in requests]
         try:
             out: list[Completion] = []
             for h in handles:
@@ -572,15 +557,16 @@ class LanguageModel:
                 h.cancel()
 
     def close(self) -> None:
-        """Cancel every pending request (EngineShutdownError), stop the model's server and release
-        its KV pools; with tensor parallelism, stop the followers and destroy the process group the
-        model created. Later generate calls raise RuntimeError. Idempotent; safe from any thread."""
-        with self._server_lock:
-            server = self._server
-        if server is not None:
-            server.shutdown()
-            if server.in_step():  # from a listener: the pools close once the step has ended
-                server.defer(self._close_pools)
+        """Cancel every pending request (EngineShutdownError), stop the model's serving loop and
+        release its KV pools; with tensor parallelism, stop the followers and destroy the process
+        group the model created. Later generate calls raise RuntimeError. Idempotent; safe from any
+        thread."""
+        with self._serving_loop_lock:
+            loop = self._serving_loop
+        if loop is not None:
+            loop.shutdown()
+            if loop.in_step():  # from a listener: the pools close once the step has ended
+                loop.defer(self._close_pools)
                 return
         self._close_pools()
 

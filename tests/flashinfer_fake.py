@@ -47,7 +47,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import smile_llm.attention.flashinfer as fi_backend
-from smile_llm.attention.torch_backend import paged_attention
+from smile_llm.attention.torch.backend import paged_attention
 from smile_llm.cache.metadata import FlashInferKvMetadata
 from smile_llm.models.transformer import ForwardOutput
 

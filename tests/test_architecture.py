@@ -16,7 +16,8 @@ PACKAGES = ("smile_llm", "java_bridge")
 # low to high; a module may import its own layer and those below it. The package's exports (smile_llm/__init__)
 # sit above everything they export; the Java bridge uses only them; the command line is on top.
 LAYERS: list[tuple[str, ...]] = [
-    ("smile_llm.collector", "smile_llm.env", "smile_llm.errors", "smile_llm.lazy"),
+    ("smile_llm.collector", "smile_llm.env", "smile_llm.errors", "smile_llm.json_file", "smile_llm.lazy"),
+    ("smile_llm.text",),
     ("smile_llm.cache",),
     ("smile_llm.attention",),
     ("smile_llm.distributed",),

@@ -18,7 +18,7 @@ MODULES = [
     "smile_llm.cache.pool",
     "smile_llm.distributed.pipeline",
     "smile_llm.speculative.acceptance",
-    "smile_llm.models.tokenizer",
+    "smile_llm.text.tokenizer",
 ]
 DOCS = ["docs/contract.md", "docs/cuda.md", "docs/speculative.md"]
 

@@ -156,12 +156,12 @@ def test_generate_batch_larger_than_the_pool_queues_and_preempts(hf, lm):
     roomy = hf.load(max_batch_size=8)
     try:
         unconstrained = roomy.generate_batch(prompts, 128 - len(PROMPT))
-        assert roomy.server.scheduler.preemptions == 0
+        assert roomy.serving_loop.scheduler.preemptions == 0
     finally:
         roomy.close()
     rows = lm.generate_batch(prompts, 128 - len(PROMPT))
     assert [r.tokens for r in rows] == [r.tokens for r in unconstrained]
-    assert sum(r.stats["preemptions"] for r in rows) == lm.server.scheduler.preemptions > 0
+    assert sum(r.stats["preemptions"] for r in rows) == lm.serving_loop.scheduler.preemptions > 0
     assert_clean(lm.pool)
 
 

@@ -124,7 +124,7 @@ def submit_async(model: LanguageModel, prompt: Any, params: SamplingParams, list
                                            else JavaListener(delivery)))
     delivery.attach(handle.request_number, CancelRequest(handle))
     handle.add_done_callback(lambda h: _settle(delivery, h))
-    model.server.serve_until_idle()
+    model.serving_loop.serve_until_idle()
     return delivery.future()
 
 

@@ -2,21 +2,20 @@
 error messages turned into the Java names the caller wrote.
 
 Validation happens once, in Python: the Java builder checks nothing (but an empty ``choice`` list),
-and ``python_params`` hands every field to ``SamplingParams``, whose ValueError/TypeError names the
-Python field; the message is then rewritten to lead with the Java name and keep the Python one
-(``"topK (top_k) must be >= 0 (0: off), got -1"``; the same for a ConstraintError).
+and ``python_params`` hands every field to ``SamplingParams``, whose ``RequestError`` carries the
+Python field (``field``); the message is then rewritten to lead with the Java name and keep the
+Python one (``"topK (top_k) must be >= 0 (0: off), got -1"``; the same for a ConstraintError).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from jpype import JClass, JString
 
-from smile_llm import AUTO, SamplingParams
+from smile_llm import AUTO, RequestError, SamplingParams
 
 from .segments import python_pieces
 
@@ -31,35 +30,28 @@ BUILDER_NAMES = {"max_new_tokens": "maxNewTokens", "top_p": "topP", "top_k": "to
 # Python field -> the parameter of Smile's positional generate/submit/stream and GenerationRequest
 SMILE_NAMES = {"max_new_tokens": "maxGenLen", "top_p": "topp"}
 
-# "top_k must ...", "logit_bias[5] ...", "draft_tree: ...", "json_schema: ..." (a ConstraintError)
-_LEADING_FIELD = re.compile(r"([a-z][a-z_]*)(?=[ \[:])")
-
-
 def java_named(exc: Exception, names: Mapping[str, str]) -> Exception:
-    """``exc`` (a ValueError or TypeError) with the Python field its message starts with, if
-    ``names`` has it, as ``"javaName (python_name)"``; ``exc`` itself when there is nothing to
-    rename."""
-    msg = str(exc)
-    m = _LEADING_FIELD.match(msg)
-    if m is None or m.group(1) not in names:
+    """``exc`` with its ``field`` (a ``RequestError``'s), when ``names`` has it and the message
+    leads with it, called ``"javaName (python_name)"`` in the message: an error of the same type
+    whose ``field`` is still the Python name; ``exc`` itself when there is nothing to rename."""
+    if not isinstance(exc, RequestError) or exc.field not in names:
         return exc
-    py = m.group(1)
-    text = f"{names[py]} ({py}){msg[len(py):]}"
-    try:
-        renamed = type(exc)(text)
-    except TypeError:  # a constructor of other arguments (ConstraintError's field=): same type
-        renamed = type(exc).__new__(type(exc), text)
-        renamed.__dict__.update(exc.__dict__)
+    text = exc.renamed(f"{names[exc.field]} ({exc.field})")
+    if text == str(exc):
+        return exc
+    renamed = type(exc).__new__(type(exc), text)
+    renamed.args = (text,)
+    renamed.__dict__.update(exc.__dict__)
     renamed.__cause__ = exc.__cause__
     return renamed
 
 
 @contextmanager
 def named_errors(names: Mapping[str, str]) -> Iterator[None]:
-    """Re-raise a ValueError/TypeError from the block with its field renamed by ``java_named``."""
+    """Re-raise a ``RequestError`` from the block with its field renamed by ``java_named``."""
     try:
         yield
-    except (ValueError, TypeError) as exc:
+    except RequestError as exc:
         renamed = java_named(exc, names)
         if renamed is exc:
             raise

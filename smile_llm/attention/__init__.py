@@ -10,7 +10,7 @@ from .backend import AttentionBackend, select_backend
 from .flashinfer import FlashInferBackend, flashinfer_available, import_flashinfer
 
 if TYPE_CHECKING:
-    from .torch_backend import TorchBackend, paged_attention
+    from .torch.backend import TorchBackend, paged_attention
 
 __all__ = [
     "AttentionBackend",
@@ -28,7 +28,7 @@ _FROM_TORCH_BACKEND = ("paged_attention", "TorchBackend")
 def __getattr__(name: str) -> object:
     # The torch backend is loaded on first use, so this package imports on its own.
     if name in _FROM_TORCH_BACKEND:
-        from . import torch_backend
+        from .torch import backend as torch_backend
 
         return getattr(torch_backend, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -95,7 +95,7 @@ class AttentionShape:
 
 
 def _torch_backend() -> AttentionBackend:
-    from .torch_backend import TorchBackend  # loaded on first use
+    from .torch.backend import TorchBackend  # loaded on first use
 
     return TorchBackend()  # device-agnostic: it runs wherever the tensors are
 

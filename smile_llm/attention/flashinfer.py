@@ -485,7 +485,7 @@ class FlashInferBackend:
         else:  # the torch backend, planned once per forward like a kernel
             wrapper = self._wrappers.get((kernel, None))
             if wrapper is None:
-                from .torch_backend import TorchBackend
+                from .torch.backend import TorchBackend
 
                 wrapper = self._wrappers[(kernel, None)] = TorchBackend()
             wrapper.plan(meta, num_qo_heads=hq, num_kv_heads=hkv, head_dim=d, qo_indptr=qo_indptr,

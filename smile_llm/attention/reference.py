@@ -1,5 +1,5 @@
 """What paged attention computes, as plain code: the obviously correct version that every backend
-matches (``torch_backend`` up to float rounding, FlashInfer's kernels within their precision) and
+matches (``torch/backend`` up to float rounding, FlashInfer's kernels within their precision) and
 the tests' oracle. Slow by design: a loop over rows, dense matrices, no chunking.
 
 The contract (docs/contract.md, "Paged attention"), on the CSR a FlashInfer wrapper is planned with:

@@ -51,29 +51,29 @@ class InferenceEngine:
         _positive_int(max_batch_size, "max_batch_size")
         _positive_int(prefill_tokens_per_step, "prefill_tokens_per_step")
         self.model = model
-        self.server = model.server
-        if self.server.engine_attached:
+        self.serving_loop = model.serving_loop
+        if self.serving_loop.engine_attached:
             raise RuntimeError("another InferenceEngine already serves this model; shut it down "
                                "first")
         self.max_batch_size, self.prefill_tokens_per_step = max_batch_size, prefill_tokens_per_step
-        sched = self.server.scheduler
+        sched = self.serving_loop.scheduler
         sched.max_running, sched.prefill_tokens_per_step = max_batch_size, prefill_tokens_per_step
         self._lock = threading.Lock()
         self._handles: list[RequestHandle | SampleGroup] = []
         self._closed = False
-        self.server.engine_attached = True
+        self.serving_loop.engine_attached = True
         if start:
-            self.server.start_thread()
+            self.serving_loop.start_thread()
 
     @property
     def scheduler(self) -> Scheduler:
         """The model's scheduler (shared with ``generate`` callers)."""
-        return self.server.scheduler
+        return self.serving_loop.scheduler
 
     @property
     def steps(self) -> int:
         """Scheduling steps run on the model so far (by any driver)."""
-        return self.server.steps
+        return self.serving_loop.steps
 
     # ------------------------------------------------------------------ submission
     def submit(self, prompt: str | Seq[int], params: SamplingParams | None = None,
@@ -89,7 +89,7 @@ class InferenceEngine:
         with self._lock:
             if self._closed:
                 raise EngineShutdownError("the engine is shut down; create a new one")
-            handle = self.server.submit(request)
+            handle = self.serving_loop.submit(request)
             self._handles = [h for h in self._handles if not h.done()] + [handle]
         return handle
 
@@ -102,16 +102,16 @@ class InferenceEngine:
     @property
     def num_waiting(self) -> int:
         """Requests queued and not yet bound into the pool (from any caller of the model)."""
-        return self.server.num_waiting
+        return self.serving_loop.num_waiting
 
     @property
     def num_running(self) -> int:
         """Requests bound into the pool (from any caller of the model)."""
-        return self.server.num_running
+        return self.serving_loop.num_running
 
     def step(self) -> bool:
         """One scheduling step on the calling thread; False when nothing was running."""
-        return self.server.step()
+        return self.serving_loop.step()
 
     # ------------------------------------------------------------------ shutdown
     def shutdown(self, wait: bool = True, cancel_pending: bool = False) -> None:
@@ -129,22 +129,23 @@ class InferenceEngine:
                 return
             self._closed = True
             handles = list(self._handles)
-        threaded = self.server.thread_alive
+        threaded = self.serving_loop.thread_alive
         if cancel_pending or not threaded:
             for h in handles:
                 h.cancel()
-        elif wait and not self.server.in_step():
+        elif wait and not self.serving_loop.in_step():
             for h in handles:
                 h.exception()
         # the serving thread itself finishes what is left
         when_idle = not wait and not cancel_pending
-        self.server.stop_thread(wait=wait and not self.server.in_step(), when_idle=when_idle)
-        if not when_idle and self.server.has_work():
+        loop = self.serving_loop
+        loop.stop_thread(wait=wait and not loop.in_step(), when_idle=when_idle)
+        if not when_idle and self.serving_loop.has_work():
             # other callers' requests keep advancing without the engine's thread
-            self.server.serve_until_idle()
-        sched = self.server.scheduler
+            self.serving_loop.serve_until_idle()
+        sched = self.serving_loop.scheduler
         sched.max_running, sched.prefill_tokens_per_step = DEFAULT_MAX_RUNNING, PREFILL_CHUNK
-        self.server.engine_attached = False
+        self.serving_loop.engine_attached = False
 
     def __enter__(self) -> InferenceEngine:
         return self

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..models.config import MAX_SPECULATIVE_TOKENS
+from ..models.checkpoint.config import MAX_SPECULATIVE_TOKENS
 from ..serving.request import SamplingParams
 from .errors import LabError
 

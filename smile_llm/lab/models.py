@@ -45,7 +45,7 @@ class LabModels:
         model folder or does not load (the message names the folder), a prompt that does not fit, a
         drafter name ``build_drafter`` refuses, or a drafter that gives no drafter on this model
         (e.g. "mtp" without an MTP head)."""
-        from ..models.folder import load_error, model_folder_problem
+        from ..models.checkpoint.folder import load_error, model_folder_problem
 
         problem = None if config.model is None else model_folder_problem(config.model)
         if problem is not None:

@@ -11,7 +11,7 @@ from ..speculative.drafters import Drafter
 
 if TYPE_CHECKING:
     from ..language_model import LanguageModel
-    from ..serving.sequence import Sequence
+    from ..serving.request_row import RequestRow
 
 
 class TimedDrafter:
@@ -36,16 +36,16 @@ class TimedDrafter:
         self.propose_s, self.propose_calls = 0.0, 0
         return out
 
-    def bind(self, seq: Sequence, final_len: int) -> bool:
+    def bind(self, seq: RequestRow, final_len: int) -> bool:
         return self.inner.bind(seq, final_len)
 
-    def ready(self, seq: Sequence) -> bool:
+    def ready(self, seq: RequestRow) -> bool:
         return self.inner.ready(seq)
 
     def max_batch(self, n: int) -> int:
         return self.inner.max_batch(n)
 
-    def propose(self, seqs: list[Sequence], n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def propose(self, seqs: list[RequestRow], n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self._timed(self.inner.propose, seqs, n)
 
     def _timed(self, call: Any, *args: Any) -> Any:
@@ -57,16 +57,16 @@ class TimedDrafter:
         self.propose_calls += 1
         return out
 
-    def extend(self, seq: Sequence, hidden: torch.Tensor, start: int) -> None:
+    def extend(self, seq: RequestRow, hidden: torch.Tensor, start: int) -> None:
         self.inner.extend(seq, hidden, start)
 
-    def absorb(self, seqs: list[Sequence]) -> None:
+    def absorb(self, seqs: list[RequestRow]) -> None:
         self.inner.absorb(seqs)
 
-    def commit(self, seq: Sequence, hidden: torch.Tensor) -> None:
+    def commit(self, seq: RequestRow, hidden: torch.Tensor) -> None:
         self.inner.commit(seq, hidden)
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: RequestRow) -> None:
         self.inner.release(seq)
 
     def close(self) -> None:

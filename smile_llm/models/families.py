@@ -4,7 +4,7 @@ Qwen3, Mistral-style, with or without MoE). The first entry that matches a confi
 
 from __future__ import annotations
 
-from .config import ModelConfig
+from .checkpoint.config import ModelConfig
 from .family import ModelFamily
 from .hybrid_layer import HYBRID
 from .layers import DENSE

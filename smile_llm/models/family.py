@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from .config import ModelConfig
+from .checkpoint.config import ModelConfig
 
 
 @dataclass(frozen=True)

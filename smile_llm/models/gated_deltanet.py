@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .config import ModelConfig
+from .checkpoint.config import ModelConfig
 from .deltanet import causal_conv1d_prefill, gated_delta_rule, gated_rms_norm
 from .layers import PreparedModule, fuse_rows
 from .state_step import conv_state_after

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from .compiled import outside
-from .config import ModelConfig
-from .config_hybrid import FULL_ATTENTION, LINEAR_ATTENTION
+from .checkpoint.config import ModelConfig
+from .checkpoint.hybrid_config import FULL_ATTENTION, LINEAR_ATTENTION
 from .family import ModelFamily
 from .gated_attention import GatedAttention
 from .gated_deltanet import gated_deltanet

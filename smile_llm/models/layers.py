@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .config import ModelConfig, RopeScaling
+from .checkpoint.config import ModelConfig, RopeScaling
 from .family import ModelFamily
 
 if TYPE_CHECKING:

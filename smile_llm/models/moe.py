@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .config import ModelConfig
+from .checkpoint.config import ModelConfig
 from .layers import MLP
 
 

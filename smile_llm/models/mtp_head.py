@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .config import ModelConfig
+from .checkpoint.config import ModelConfig
 from .families import family_of
 from .forward_context import LayerContext
 

@@ -43,9 +43,9 @@ from pathlib import Path
 import torch
 
 from ..distributed.group import TensorParallel
-from .config import ModelConfig
+from .checkpoint.config import ModelConfig
 from .stages import PipelineStage
-from .weights import checkpoint_files
+from .checkpoint.weights import checkpoint_files
 
 DELTANET_VALUE_ROWS = ("in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight", "dt_bias",
                        "A_log")

@@ -42,8 +42,8 @@ from ..cache import LayerNotHeldError
 from ..distributed.group import TensorParallel, init_tensor_parallel
 from ..distributed.pipeline import (PipelineParallel, check_pipeline_parallel, init_pipeline,
                                     split_layers)
-from .config import ModelConfig
-from .config_hybrid import LINEAR_ATTENTION
+from .checkpoint.config import ModelConfig
+from .checkpoint.hybrid_config import LINEAR_ATTENTION
 from .families import family_of
 from .hybrid_layer import layer_indices
 

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from ..cache import StatePool, StateSpec
-from .config import ModelConfig
-from .config_hybrid import LINEAR_ATTENTION
+from .checkpoint.config import ModelConfig
+from .checkpoint.hybrid_config import LINEAR_ATTENTION
 
 
 def state_specs(config: ModelConfig, dtype: torch.dtype,

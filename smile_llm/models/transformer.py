@@ -21,7 +21,7 @@ from ..attention.backend import AttentionBackend
 from ..cache import KvCachePool
 from ..distributed.group import TensorParallel
 from ..distributed.lockstep import Leader
-from .config import ModelConfig
+from .checkpoint.config import ModelConfig
 from .forward_context import ForwardContext, LayerContext, RopeTable
 from .families import family_of
 from .layers import rope_inv_freq

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..errors import ConstraintError, GrammarError
-from ..models.tokenizer import Tokenizer
+from ..text.tokenizer import Tokenizer
 from .compile_thread import on_compile_thread
 from .constraint import Constraint
 from .grammar_state import GrammarState

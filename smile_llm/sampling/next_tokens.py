@@ -26,7 +26,7 @@ from .token_mask import mask_logits
 
 
 class SamplingRow(Protocol):
-    """What choosing a row's next token reads of it (the serving layer's ``Sequence`` is one)."""
+    """What choosing a row's next token reads of it (the serving layer's ``RequestRow`` is one)."""
 
     prompt: list[int]
     tokens: list[int]  # generated so far: the next token sits at position len(prompt) + len(tokens)
@@ -37,7 +37,7 @@ class SamplingRow(Protocol):
     min_p: float
     rng: PositionalRng
     logprobs: list[float] | None  # None: the row wants no logprobs
-    grammar: GrammarState | None  # the output constraint's state (None: free text)
+    grammar_state: GrammarState | None  # the output constraint's state (None: free text)
 
     def token_history(self, vocab: int, device: torch.device) -> TokenHistory:
         """The processors' statistics of the row's tokens."""
@@ -52,13 +52,13 @@ def masked_rows(seqs: Sequence[SamplingRow], logits: torch.Tensor) -> torch.Tens
     """``logits`` ``[B, V]`` with each constrained row's disallowed tokens at ``-inf`` (one
     batched operation; free rows unchanged); the logits themselves when no row is constrained. A
     row whose grammar fails is failed with the GrammarError (``fail``) and left unmasked."""
-    rows = [b for b, s in enumerate(seqs) if s.grammar is not None]
+    rows = [b for b, s in enumerate(seqs) if s.grammar_state is not None]
     if not rows:
         return logits
     words = (logits.shape[-1] + 31) // 32
     masks = np.zeros((len(rows), words), dtype=np.int32)
     for i, b in enumerate(rows):
-        grammar = seqs[b].grammar
+        grammar = seqs[b].grammar_state
         assert grammar is not None
         try:
             mask = grammar.mask()
@@ -101,7 +101,7 @@ def choose_next(seqs: Sequence[SamplingRow],
                 logits: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
     """For each row b: the token ``seqs[b]`` chooses from ``logits[b]`` (greedy at temperature 0,
     else drawn with its warpers and generator at its next position) and, when the row asks for
-    logprobs, the raw log-distribution ``[V]`` it was chosen from (for ``Sequence.push``)."""
+    logprobs, the raw log-distribution ``[V]`` it was chosen from (for ``RequestRow.push``)."""
     processed = processed_rows(seqs, logits)
     tokens = processed.argmax(dim=-1).tolist()
     groups: dict[tuple[float, float, int, float], list[int]] = {}

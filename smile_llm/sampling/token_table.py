@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConstraintError
-from ..models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from ..text.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 
 class _ByteTokens:

@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP server: ``create_app`` (FastAPI) and ``serve`` (uvicorn, with
-SIGTERM draining); ``smile-llm serve`` runs it. Replicas on Ray Serve (``ray_app``: the ingress,
+SIGTERM draining); ``smile-llm serve`` runs it. Replicas on Ray Serve (``replicas/``: the ingress,
 the replicas and the cache-aware router; docs/scale_out.md) import Ray, and only they do. The
 names load on first use (PEP 562), so reading ``settings`` imports neither torch nor FastAPI."""
 

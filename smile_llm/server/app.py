@@ -20,7 +20,7 @@ import hmac
 import json
 import logging
 import time
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException
 
 from .access_log import RequestLog
 from .bodies import read_body
+from ..errors import PromptTooLongError
 from .errors import ApiError, from_model_error
 from .events import EventStream, stream
 from .generation import Generation
@@ -40,12 +41,15 @@ from .settings import RETRY_AFTER_S, ServerSettings
 from .state import ServerState
 from .tool_calls import ToolChoice
 
+if TYPE_CHECKING:
+    from ..language_model import LanguageModel
+
 log = logging.getLogger("smile_llm.server")
 B = TypeVar("B", bound=BaseModel)
 DISCONNECT_POLL_S = 0.05  # how often a non-streaming request checks that its client is still there
 
 
-def create_app(model: Any, settings: ServerSettings | None = None) -> FastAPI:
+def create_app(model: LanguageModel | None, settings: ServerSettings | None = None) -> FastAPI:
     """The API of ``model`` (a loaded ``LanguageModel``, or None until ``app.state.smile.model``
     is set) with ``settings`` (default: no key, the default limits, served as
     ``"smile-llm"``)."""
@@ -116,7 +120,7 @@ def create_app(model: Any, settings: ServerSettings | None = None) -> FastAPI:
         body = await admit(state, request, ChatCompletionRequest)
         tools = ToolChoice.of(body.tools, body.tool_choice, body.parallel_tool_calls)
         messages, given = chat_inputs(body, tools)
-        model = state.model
+        model = state.loaded()
         return await generate(state, request, body,
                               lambda: _encode(lambda: model.encode_chat(messages, True, given),
                                               "messages"),
@@ -125,7 +129,7 @@ def create_app(model: Any, settings: ServerSettings | None = None) -> FastAPI:
     @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
         body = await admit(state, request, CompletionRequest)
-        model = state.model
+        model = state.loaded()
         return await generate(state, request, body,
                               lambda: _encode(lambda: model.encode(body.prompt), "prompt"),
                               chat=False)
@@ -207,12 +211,12 @@ async def admit(state: ServerState, request: Request, kind: type[B]) -> B:
     unknown = body.unknown_fields()
     if unknown:
         log.warning(json.dumps({"request_id": request.state.rid, "ignored_fields": unknown}))
-    limit = state.settings.max_queued
-    if not 1 <= body.n <= min(state.settings.max_n, limit):
-        raise ApiError(400, f"n must be in [1, {min(state.settings.max_n, limit)}], got {body.n}",
-                       param="n")
-    if model.server.num_waiting + state.admitting + body.n > limit:
-        raise ApiError(429, f"the queue is full ({limit} samples waiting)",
+    queue_cap = state.settings.max_queued
+    most = min(state.settings.max_n, queue_cap)
+    if not 1 <= body.n <= most:
+        raise ApiError(400, f"n must be in [1, {most}], got {body.n}", param="n")
+    if model.serving_loop.num_waiting + state.admitting + body.n > queue_cap:
+        raise ApiError(429, f"the queue is full ({queue_cap} samples waiting)",
                        headers={"Retry-After": str(RETRY_AFTER_S)})
     if state.draining:  # (SIGTERM while the body was read)
         raise ApiError(503, "the server is draining")
@@ -266,7 +270,7 @@ async def generate(state: ServerState, request: Request, body: Any, prompt: Any,
     """Encode, validate and submit the request's samples, then answer (plain or streamed).
     ``tools``: what the reply may call (parsed for calls when the tools went to the template;
     "required" or a named function force the calls by grammar)."""
-    model, settings = state.model, state.settings
+    model, settings = state.loaded(), state.settings
     loop = asyncio.get_running_loop()
     field = "messages" if chat else "prompt"
 
@@ -274,15 +278,15 @@ async def generate(state: ServerState, request: Request, body: Any, prompt: Any,
 
     def start() -> tuple[list[int], Generation]:
         ids = prompt()
-        if len(ids) > model.max_seq_len:
-            raise ApiError(413, f"the prompt is {len(ids)} tokens, over the model's context of "
-                           f"{model.max_seq_len}", param=field)
         try:
             params = sampling_params(body, settings, model.max_seq_len, tools)
             return ids, Generation(model, ids, params, body.n, loop, renames,
                                    streamed=bool(body.stream))
         except ApiError:
             raise
+        except PromptTooLongError as exc:  # the model's one length check
+            raise ApiError(413, f"the prompt is {exc.tokens} tokens, over the model's context of "
+                           f"{exc.max_seq_len}", param=field) from None
         except Exception as exc:  # the model's validation: a 400 naming the field
             raise from_model_error(exc, renames) from None
 

@@ -7,11 +7,14 @@ draining 503."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from ..errors import ConstraintError, EngineShutdownError, RequestTypeError
+from ..errors import EngineShutdownError, RequestError
+
+log = logging.getLogger("smile_llm.server")
 
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
          405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
@@ -39,25 +42,16 @@ class ApiError(Exception):
 
 
 def from_model_error(exc: BaseException, renames: dict[str, str] | None = None) -> ApiError:
-    """The API error of what the model raised for a request: a bad field (ValueError, TypeError,
-    ConstraintError with its field, a constraint the engine could not follow while generating) is
-    400, a closed or draining model 503; anything else is the server's own failure (500, its type
-    named, no internals). ``renames``: request fields named otherwise in the API (the grammar a
-    ``tool_choice`` forces is the ``tool_choice``'s)."""
-    if isinstance(exc, ConstraintError):
+    """The API error of what the model raised for a request. A ``RequestError`` (a bad field, a
+    constraint the engine could not follow while generating) is 400 naming its ``field``, as the
+    API names it (``renames``: ``max_new_tokens`` is ``max_tokens``, the grammar a ``tool_choice``
+    forces is the ``tool_choice``'s), the message's leading field renamed alike; a closed or
+    draining model is 503. Anything else is the server's own failure, whatever its type: 500, its
+    type named and no internals, and logged with its traceback."""
+    if isinstance(exc, RequestError):
         field = (renames or {}).get(exc.field, exc.field)
-        message = str(exc)
-        if field != exc.field and message.startswith(exc.field + ":"):
-            message = field + message[len(exc.field):]
-        return ApiError(400, message, param=field)
-    if isinstance(exc, (ValueError, RequestTypeError, TypeError)):
-        return ApiError(400, str(exc), param=field_of(str(exc)))
+        return ApiError(400, exc.renamed(field), param=field)
     if isinstance(exc, EngineShutdownError):
         return ApiError(503, "the server is shutting down; retry on another replica")
+    log.error("a request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
     return ApiError(500, f"the request failed: {type(exc).__name__}: {exc}")
-
-
-def field_of(message: str) -> str | None:
-    """The field a model error message starts with (``"temperature must be ..."``), if any."""
-    head = message.split(" ", 1)[0].rstrip(":")
-    return head if head.replace("_", "").isalnum() and head.islower() else None

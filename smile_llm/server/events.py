@@ -9,7 +9,6 @@ cancels every sample (their pages released within one step) off the event loop."
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -20,8 +19,6 @@ from .generation import Generation
 from .responses import ChunkEncoder, chat_chunk, event, text_chunk, usage
 from .state import ServerState
 from .tool_calls import ToolCall, ToolCallParser, ToolChoice
-
-log = logging.getLogger("smile_llm.server")
 
 
 class EventStream(StreamingResponse):
@@ -125,9 +122,7 @@ async def stream(state: ServerState, gen: Generation, rid: str, name: str, promp
         state.metrics.answered("200")
     except Exception as exc:  # noqa: BLE001 - after the response started: an error event, the end
         if not ended:
-            error = gen.error_of(exc)
-            if error.status >= 500:
-                log.error("stream %s failed: %s", rid, error.message, exc_info=exc)
+            error = gen.error_of(exc)  # a 500 is logged where it is made
             ended = True
             await asyncio.to_thread(gen.cancel)
             yield opened([event(error.body()), event("[DONE]")])

@@ -1,19 +1,19 @@
 """Generation: one HTTP request's samples on the model's one serving loop, awaited from asyncio.
 
-Each sample is an ordinary request (``LanguageModel.request`` then ``ServingLoop.submit``, the path
-every caller takes) with a listener. The listeners run on the serving loop's thread, inside a step,
-and only append: a streamed sample's token ids, their times and its text go to lists that thread
-alone touches (no lock, no wake-up per token). The first call in a step defers one ``publish`` to
-the end of the step (``ServingLoop.defer``), which hands every sample's new output to the reader
-through a queue and wakes the event loop once (``call_soon_threadsafe``, at most one wake-up
-pending per generation): one hand-off per step for all of a generation's samples, whatever the
-tokens a step makes. A sample's first text is handed over at once: the step that prefilled it goes
-on to decode the other requests, and its first token would wait for them. A sample the reader sees
-done (``RequestHandle.done``) has ended only once nothing of it is left unpublished, so its last
-text always comes before its end. The serving loop
-never waits for a reader: a slow client's queue holds at most its own output (bounded by
-``max_tokens``), coalesced into the next chunk it reads. A request that is not streamed only stamps
-its tokens' times (for the latency metrics) and wakes the reader when it ends.
+The samples are one request (``LanguageModel.submit_samples``: validated once, queued together, the
+path every caller takes), each with its own listener. The listeners run on the serving loop's
+thread, inside a step, and only append: a streamed sample's token ids, their times and its text go
+to lists that thread alone touches (no lock, no wake-up per token). The first call in a step defers
+one ``publish`` to the end of the step (``ServingLoop.defer``), which hands every sample's new
+output to the reader through a queue and wakes the event loop once (``call_soon_threadsafe``, at
+most one wake-up pending per generation): one hand-off per step for all of a generation's samples,
+whatever the tokens a step makes. A sample's first text is handed over at once: the step that
+prefilled it goes on to decode the other requests, and its first token would wait for them. A sample
+the reader sees done (``RequestHandle.done``) has ended only once nothing of it is left unpublished,
+so its last text always comes before its end. The serving loop never waits for a reader: a slow
+client's queue holds at most its own output (bounded by ``max_tokens``), coalesced into the next
+chunk it reads. A request that is not streamed only stamps its tokens' times (for the latency
+metrics) and wakes the reader when it ends.
 
 A background driver advances the requests (``serve_until_idle``). ``cancel`` (a client that went
 away) cancels every sample still running and releases its pages before returning; ``cut`` does the
@@ -25,13 +25,16 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import GenerationCancelled
 from ..serving.completion import Completion
 from ..serving.request import RequestHandle, SamplingParams
 from .errors import ApiError, from_model_error
+
+if TYPE_CHECKING:
+    from ..language_model import LanguageModel
 
 
 @dataclass
@@ -90,15 +93,15 @@ class Generation:
     """The ``count`` samples of ``prompt`` (token ids) with ``params`` (one sample's settings;
     sample i draws with ``params.sample(i)``'s seed), submitted to ``model`` at once, read on
     ``loop``; ``streamed``: whether the reader takes their output as it comes (``batches``) or only
-    their results (``results``). ValueError (and the model's other request errors) from the
-    constructor, before anything is queued. ``renames``: request fields the API names otherwise,
-    for ``error_of``."""
+    their results (``results``). The model's ``RequestError`` (its one validation, for all the
+    samples) from the constructor, before anything is queued. ``renames``: request fields the
+    API names otherwise, for ``error_of``."""
 
-    def __init__(self, model: Any, prompt: list[int], params: SamplingParams, count: int,
+    def __init__(self, model: LanguageModel, prompt: list[int], params: SamplingParams, count: int,
                  loop: asyncio.AbstractEventLoop, renames: dict[str, str] | None = None,
                  streamed: bool = True) -> None:
         self.model, self.loop, self.renames = model, loop, renames
-        self._server = model.server
+        self._serving_loop = model.serving_loop
         self._event = asyncio.Event()
         self._wake_pending = False
         # a publication is deferred to the end of the current step (serving thread only)
@@ -112,21 +115,19 @@ class Generation:
         self._streamed = [_StreamedSample(self) for _ in range(count)] if streamed else []
         self.samples: list[_StreamedSample | _TimedSample] = (
             list(self._streamed) if streamed else [_TimedSample() for _ in range(count)])
-        base = replace(params, n=count)
-        requests = [model.request(prompt, base.sample(i), listener=self.samples[i])
-                    for i in range(count)]
-        self.handles: list[RequestHandle] = [self._server.submit(r) for r in requests]
+        group = model.submit_samples(prompt, params, self.samples)
+        self.handles: list[RequestHandle] = group.handles
         for h in self.handles:
             h.add_done_callback(self._on_end)
-        self._server.serve_until_idle()
+        self._serving_loop.serve_until_idle()
 
     # ------------------------------------------------------------------ the serving thread
     def schedule(self) -> None:
         """Publish the samples' new output at the end of the current step (from a listener), or
         at once outside a step."""
-        if self._server.in_step():
+        if self._serving_loop.in_step():
             self.scheduled = True
-            self._server.defer(self._end_of_step)
+            self._serving_loop.defer(self._end_of_step)
         else:
             self.publish()
 
@@ -147,7 +148,7 @@ class Generation:
     def _on_end(self, handle: RequestHandle) -> None:
         # inside a step: with the step's publication (the sample's last output is not yet
         # published); outside one (a cancellation, a shutdown): at once
-        if self._server.in_step():
+        if self._serving_loop.in_step():
             if not self.scheduled:
                 self.schedule()
         else:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from ..language_model import LanguageModel
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 PREFIX = "smile_llm"
@@ -105,9 +108,9 @@ class ServerMetrics:
         return {name: _of(self.state, read) for name, read in GAUGES.items()}
 
 
-GAUGES: dict[str, Callable[[Any], float]] = {
-    "num_requests_running": lambda m: m.server.num_running,
-    "num_requests_waiting": lambda m: m.server.num_waiting,
+GAUGES: dict[str, Callable[[LanguageModel], float]] = {
+    "num_requests_running": lambda m: m.serving_loop.num_running,
+    "num_requests_waiting": lambda m: m.serving_loop.num_waiting,
     "kv_cache_pages_used": lambda m: _pages(m) - m.pool.free_pages,
     "kv_cache_pages": lambda m: _pages(m),
     "compile_seconds": lambda m: _compile_stat(m, "compile_seconds"),
@@ -115,7 +118,7 @@ GAUGES: dict[str, Callable[[Any], float]] = {
 }
 
 
-def _compile_stat(model: Any, name: str) -> float:
+def _compile_stat(model: LanguageModel, name: str) -> float:
     """``model.compile_stats[name]`` (0 for a model that has none)."""
     return float(getattr(model, "compile_stats", {}).get(name, 0))
 
@@ -131,15 +134,15 @@ class MetricsMirror(Protocol):
                   gaps: Sequence[float]) -> None: ...
 
 
-def _pages(model: Any) -> int:
+def _pages(model: LanguageModel) -> int:
     return int(model.pool.num_slots // model.pool.page_size)
 
 
-def _reader(state: Any, read: Callable[[Any], float]) -> Callable[[], float]:
+def _reader(state: Any, read: Callable[[LanguageModel], float]) -> Callable[[], float]:
     return lambda: _of(state, read)
 
 
-def _of(state: Any, read: Any) -> float:
+def _of(state: Any, read: Callable[[LanguageModel], float]) -> float:
     model = state.model
     return 0.0 if model is None else float(read(model))
 

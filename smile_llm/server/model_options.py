@@ -7,7 +7,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..language_model import LanguageModel
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class ModelOptions:
 
         return Path(self.model) if self.model is not None else Path(DEFAULT_MODEL_DIRS[self.kind])
 
-    def load(self) -> Any:
+    def load(self) -> LanguageModel:
         """The ``LanguageModel`` (in a tensor-parallel job: this rank's; the process group must
         exist, from ``torchrun`` or ``init_process_group``)."""
         import torch
@@ -64,7 +67,7 @@ class ModelOptions:
         the DeltaNet mixers, which run outside the graph, take most of a step, and compiling the
         rest measured no faster."""
         from .. import env
-        from ..models.config import ModelConfig
+        from ..models.checkpoint.config import ModelConfig
 
         setting = self.compile if self.compile is not None else env.compile_setting()
         if setting is not None:

@@ -1,16 +1,16 @@
 """An OpenAI request body as the model's ``SamplingParams``: the field names mapped (``max_tokens``
 / ``max_completion_tokens``, ``min_tokens``, ``logprobs`` / ``top_logprobs``, ``response_format``,
 vLLM's ``guided_*``), OpenAI's defaults (temperature 1), and the server's limits (``max_tokens``,
-``n``). Every value is then checked by ``SamplingParams``, the one validation; its ValueError
-becomes a 400 naming the field."""
+``n``). Every value is then checked by ``SamplingParams``, the one validation; its
+``RequestError`` becomes a 400 naming its ``field`` as the API names it."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..serving.request import SamplingParams
-from ..errors import ConstraintError
-from .errors import ApiError, field_of, from_model_error
+from ..errors import RequestError
+from .errors import ApiError, from_model_error
 from .protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from .settings import ServerSettings
 from .tool_calls import ToolChoice
@@ -32,11 +32,11 @@ def sampling_params(body: SamplingFields, settings: ServerSettings, context_toke
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:
         max_tokens = body.max_completion_tokens
-    limit = settings.max_tokens or context_tokens
-    if max_tokens is not None and max_tokens > limit:
-        raise ApiError(400, f"max_tokens is {max_tokens}, over this server's limit of {limit}",
+    cap = settings.max_tokens or context_tokens
+    if max_tokens is not None and max_tokens > cap:
+        raise ApiError(400, f"max_tokens is {max_tokens}, over this server's limit of {cap}",
                        param="max_tokens")
-    fields["max_new_tokens"] = limit if max_tokens is None else max_tokens
+    fields["max_new_tokens"] = cap if max_tokens is None else max_tokens
     fields["temperature"] = 1.0 if body.temperature is None else body.temperature
     for name, target in (("top_p", "top_p"), ("presence_penalty", "presence_penalty"),
                          ("frequency_penalty", "frequency_penalty"), ("top_k", "top_k"),
@@ -80,14 +80,9 @@ def sampling_params(body: SamplingFields, settings: ServerSettings, context_toke
         fields["grammar"] = tool_grammar
     try:
         return SamplingParams(**fields)
-    except ConstraintError as exc:  # a forced tool call's grammar is the tool_choice's
-        raise from_model_error(exc, {"grammar": "tool_choice"} if tool_grammar else None) \
-            from None
-    except (ValueError, TypeError) as exc:  # named as the API names the field
-        message, field = str(exc), field_of(str(exc))
-        if field in API_NAMES:
-            message, field = message.replace(field, API_NAMES[field], 1), API_NAMES[field]
-        raise ApiError(400, message, param=field) from None
+    except RequestError as exc:  # as the API names the field; a tool call's grammar: tool_choice
+        renames = API_NAMES | ({"grammar": "tool_choice"} if tool_grammar else {})
+        raise from_model_error(exc, renames) from None
 
 
 def _logprobs(body: SamplingFields, fields: dict[str, Any]) -> None:

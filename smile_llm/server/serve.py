@@ -17,7 +17,7 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -26,6 +26,9 @@ from .app import create_app
 from .connections import listening_socket, uvicorn_config
 from .settings import ServerSettings
 from .state import ServerState
+
+if TYPE_CHECKING:
+    from ..language_model import LanguageModel
 
 log = logging.getLogger("smile_llm.server")
 POLL_S = 0.05  # how often the drain looks at the requests in flight
@@ -91,7 +94,7 @@ def serve(load: Callable[[], Any], settings: ServerSettings, host: str = "127.0.
     config = uvicorn_config(app, settings, host, port, log_level,
                             timeout_graceful_shutdown=int(CUT_GRACE_S))
     server = _DrainingServer(config, state)
-    model: Any = None
+    model: LanguageModel | None = None
     signals = [0]
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -104,7 +107,7 @@ def serve(load: Callable[[], Any], settings: ServerSettings, host: str = "127.0.
 
     def stop_driving() -> None:
         if model is not None:
-            model.server.stop_thread(wait=False)
+            model.serving_loop.stop_thread(wait=False)
 
     def run_http() -> None:
         try:
@@ -127,7 +130,7 @@ def serve(load: Callable[[], Any], settings: ServerSettings, host: str = "127.0.
         state.model = model
         log.info("model loaded; serving %s", settings.model_name)
         if http.is_alive():
-            model.server.drive_here()
+            model.serving_loop.drive_here()
         http.join()
         return 0
     finally:

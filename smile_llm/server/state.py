@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import ApiError
 from .generation import Generation
 from .metrics import ServerMetrics
 from .settings import ServerSettings
+
+if TYPE_CHECKING:
+    from ..language_model import LanguageModel
 
 
 class ServerState:
@@ -19,7 +22,7 @@ class ServerState:
     admission and their Generation, then ``generations`` until their response ended), which the
     drain waits for. Touched on the event loop only."""
 
-    def __init__(self, model: Any, settings: ServerSettings) -> None:
+    def __init__(self, model: LanguageModel | None, settings: ServerSettings) -> None:
         self.model, self.settings = model, settings
         self.metrics = ServerMetrics(self)
         self.draining = False
@@ -28,7 +31,7 @@ class ServerState:
         self.generations: set[Generation] = set()
         self.cut_reason: str | None = None
 
-    def loaded(self) -> Any:
+    def loaded(self) -> LanguageModel:
         """The model; 503 while it loads."""
         if self.model is None:
             raise ApiError(503, "the model is loading", headers={"Retry-After": "5"})

@@ -9,12 +9,12 @@ from typing import Any
 @dataclass(frozen=True)
 class Completion:
     """The result of one generation: ``text`` (cut at a stop string), ``prompt_tokens``, generated
-    ``tokens`` (without a stop token id), ``finish_reason`` ("stop" or "length"), ``logprobs`` (one
-    per token, or None), ``stats`` (counters and timings; see ``Sequence.stats``), ``top_logprobs``
-    (with ``logprobs=k``: per token, its k most likely alternatives, id -> logprob) and
-    ``prompt_logprobs`` (with ``prompt_logprobs=k``: per prompt token, None for the first, else its
-    own logprob and the k most likely alternatives). Logprobs are under the model's raw distribution
-    (before processors and temperature)."""
+    ``tokens`` (without a stop token id), ``finish_reason`` ("stop" or "length"), ``logprobs``
+    (one per token, or None), ``stats`` (counters and timings; see ``RequestRow.stats``),
+    ``top_logprobs`` (with ``logprobs=k``: per token, its k most likely alternatives, id ->
+    logprob) and ``prompt_logprobs`` (with ``prompt_logprobs=k``: per prompt token, None for the
+    first, else its own logprob and the k most likely alternatives). Logprobs are under the
+    model's raw distribution (before processors and temperature)."""
 
     text: str
     prompt_tokens: list[int]

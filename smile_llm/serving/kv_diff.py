@@ -28,15 +28,15 @@ from ..cache import KvCachePool
 from ..cache.kv_fingerprint import KvFingerprint, LayerPages
 from ..cache.kv_fingerprint_diff import KvComparison, compare_kv, relative_tolerance
 from .request import Request, SamplingParams
-from .sequence import Sequence
+from .request_row import RequestRow
 from .serving_loop import ServingLoop
 
 
 class HasServingLoop(Protocol):
-    """What ``kv_diff`` needs of a model: its serving loop (``LanguageModel.server``)."""
+    """What ``kv_diff`` needs of a model: its serving loop (``LanguageModel.serving_loop``)."""
 
     @property
-    def server(self) -> ServingLoop: ...
+    def serving_loop(self) -> ServingLoop: ...
 
 
 @dataclass(frozen=True)
@@ -80,14 +80,14 @@ class KvDiffReport:
 
 
 def _loop(model: ServingLoop | HasServingLoop) -> ServingLoop:
-    loop = model if isinstance(model, ServingLoop) else getattr(model, "server", None)
+    loop = model if isinstance(model, ServingLoop) else getattr(model, "serving_loop", None)
     if not isinstance(loop, ServingLoop):
         raise TypeError(f"model must be a LanguageModel or a ServingLoop, got "
                         f"{type(model).__name__}")
     return loop
 
 
-def _capture(pool: KvCachePool, seq: Sequence, boundary: int | None) -> KvRun:
+def _capture(pool: KvCachePool, seq: RequestRow, boundary: int | None) -> KvRun:
     rid = seq.request_id
     split = min(seq.matched if boundary is None else boundary, pool.kv_len(rid))
     fp = pool.kv_fingerprint(rid, boundary=split)
@@ -114,7 +114,7 @@ def fingerprint_request(model: ServingLoop | HasServingLoop, prompt: str | Seq[i
     errors: list[BaseException] = []
     previous = scheduler.kv_end_hook
 
-    def hook(p: KvCachePool, seq: Sequence) -> None:
+    def hook(p: KvCachePool, seq: RequestRow) -> None:
         if seq.request is request:
             try:
                 runs.append(_capture(p, seq, boundary))

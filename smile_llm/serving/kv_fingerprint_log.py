@@ -25,12 +25,12 @@ from ..cache import KvCachePool
 from ..cache.kv_fingerprint import KvFingerprint, LayerFingerprint, PageFingerprint
 
 if TYPE_CHECKING:
-    from .sequence import Sequence
+    from .request_row import RequestRow
 
 LOGGER = logging.getLogger("smile_llm.kv_fingerprint")
 PAGE_ROWS_LAYER = 0  # the layer whose per-page rows are logged (every layer's could be large)
 
-KvEndHook = Callable[[KvCachePool, "Sequence"], None]
+KvEndHook = Callable[[KvCachePool, "RequestRow"], None]
 """``hook(pool, seq)``: called with a resident request's KV still bound, before its release."""
 
 
@@ -65,7 +65,7 @@ def _ensure_output() -> None:
         LOGGER.addHandler(handler)
 
 
-def log_fingerprints(pool: KvCachePool, seq: Sequence) -> None:
+def log_fingerprints(pool: KvCachePool, seq: RequestRow) -> None:
     """Log ``seq``'s fingerprints (see the module docstring): JSON lines (Python's ``json``; a NaN
     from poisoned pages is written ``NaN``). Read-only on the pool; never raises."""
     try:

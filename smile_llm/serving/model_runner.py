@@ -27,7 +27,7 @@ from ..speculative.drafters import Drafter
 from ..speculative.drafters.guarded_drafter import GuardedDrafter
 from ..speculative.guarded_policy import GuardedPolicy
 from ..speculative.row_acceptance import accept_tree_row, accept_window
-from .sequence import MAX_FORCED_TOKENS, Sequence
+from .request_row import MAX_FORCED_TOKENS, RequestRow
 from .segments import SegmentRegistry
 from ..speculative.acceptance import AcceptResult, RoundRecord
 from ..models.transformer import ForwardOutput, Transformer
@@ -96,17 +96,17 @@ class ModelRunner:
                     raise
         return self.transformer(tokens, start, self.pool, self.backend, keep_states=keep_states)
 
-    def _activate(self, seqs: list[Sequence]) -> None:
+    def _activate(self, seqs: list[RequestRow]) -> None:
         self.pool.activate_step(*[s.request_id for s in seqs])
 
     # ------------------------------------------------------------------ prefill
-    def prefill(self, seq: Sequence, max_tokens: int | None = None) -> bool:
-        """Prefill up to ``max_tokens`` (default: all) of the prompt positions not yet written, in
-        chunks of at most PREFILL_CHUNK; True once the whole prompt is written (``seq.logits`` then
-        predict the first token). A registered segment's positions are spliced, not computed
+    def prefill(self, seq: RequestRow, max_positions: int | None = None) -> bool:
+        """Prefill up to ``max_positions`` (default: all) of the prompt positions not yet written,
+        in chunks of at most PREFILL_CHUNK; True once the whole prompt is written (``seq.logits``
+        then predict the first token). A registered segment's positions are spliced, not computed
         (``SegmentRegistry.splice``, when the prefill reaches it; a chunk ends before it)."""
-        end = len(seq.prompt) if max_tokens is None else min(len(seq.prompt),
-                                                             seq.prefilled + max_tokens)
+        end = len(seq.prompt) if max_positions is None else min(len(seq.prompt),
+                                                                seq.prefilled + max_positions)
         while seq.prefilled < end:
             if seq.splices and seq.splices[0].offset <= seq.prefilled:
                 self.segments.splice(seq)
@@ -132,7 +132,7 @@ class ModelRunner:
         seq.prefill_s = time.perf_counter() - seq.t0
         return seq.prefilled == len(seq.prompt)
 
-    def prefill_batch(self, seqs: list[Sequence]) -> None:
+    def prefill_batch(self, seqs: list[RequestRow]) -> None:
         """Prefill the unwritten prompt parts of several sequences (none asking for prompt logprobs)
         in one forward (their logits then predict each first token). Rows may start at different
         positions (different prefix hits) and have different lengths: each window is right-padded to
@@ -165,7 +165,7 @@ class ModelRunner:
         self.drafting.absorb(seqs)
 
     @staticmethod
-    def padded_prefill_fits(seqs: list[Sequence]) -> bool:
+    def padded_prefill_fits(seqs: list[RequestRow]) -> bool:
         """Whether ``prefill_batch`` can take ``seqs``: each has 1..PREFILL_CHUNK prompt positions
         left, its padding to the longest stays inside its bound capacity, and none asks for prompt
         logprobs (those prefill alone, with logits at every position) or has a segment left to
@@ -177,11 +177,11 @@ class ModelRunner:
                 for s in seqs)
 
     @staticmethod
-    def padded_prefill_groups(seqs: list[Sequence]) -> list[list[Sequence]]:
+    def padded_prefill_groups(seqs: list[RequestRow]) -> list[list[RequestRow]]:
         """``seqs`` split into groups ``prefill_batch`` can take, shortest remainders first, each
         computing at most ``PADDING_WASTE * real + PADDING_FREE`` positions for its ``real`` prompt
         positions (a group of one is a plain ``prefill``)."""
-        groups: list[list[Sequence]] = []
+        groups: list[list[RequestRow]] = []
         real = 0
         for seq in sorted(seqs, key=lambda s: len(s.prompt) - s.prefilled):
             rem = len(seq.prompt) - seq.prefilled
@@ -195,7 +195,7 @@ class ModelRunner:
                 real = rem
         return groups
 
-    def prefill_together(self, seqs: list[Sequence]) -> None:
+    def prefill_together(self, seqs: list[RequestRow]) -> None:
         """Prefill the whole remaining prompts of ``seqs`` in as few forwards as the padding rules
         allow (``padded_prefill_groups``; a group of one is a plain ``prefill``). The callers then
         take each first token. A packed pool prefills each alone: padding that completes a page the
@@ -210,7 +210,7 @@ class ModelRunner:
                 self.prefill_batch(group)
 
     # ------------------------------------------------------------------ one step for a batch
-    def step(self, seqs: list[Sequence]) -> None:
+    def step(self, seqs: list[RequestRow]) -> None:
         """Advance every sequence by one forward: rows that can draft speculate (grouped by draft
         count, one round per group; rows with ``speculative_tokens="auto"`` get their count or tree
         shape from ``draft_policy``; rows whose tree (the policy's, or the whole ``draft_tree``)
@@ -218,9 +218,9 @@ class ModelRunner:
         do rows whose drafter failed this round. A step of more than ``speculative_max_batch`` rows
         is all plain (the drafter keeps absorbing their forwards, so drafting resumes when the batch
         shrinks)."""
-        groups: dict[int, list[Sequence]] = {}
-        trees: dict[tuple[int, ...], list[Sequence]] = {}
-        forced: list[tuple[Sequence, list[int]]] = []
+        groups: dict[int, list[RequestRow]] = {}
+        trees: dict[tuple[int, ...], list[RequestRow]] = {}
+        forced: list[tuple[RequestRow, list[int]]] = []
         plain = []
         limit = self.speculative_max_batch
         drafting = limit is None or len(seqs) <= limit
@@ -316,7 +316,7 @@ class ModelRunner:
                 self.policy.observe_plain(plain, time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ plain step
-    def decode(self, seqs: list[Sequence], allow_graph: bool = True) -> None:
+    def decode(self, seqs: list[RequestRow], allow_graph: bool = True) -> None:
         """One plain step for every sequence: forward its last token, then sample and append the
         next one."""
         self._activate(seqs)
@@ -336,29 +336,29 @@ class ModelRunner:
             seq.push(token, logp)  # (a row whose grammar failed meanwhile takes nothing)
 
     # ------------------------------------------------------------------ speculative round
-    def _forced(self, seq: Sequence) -> list[int]:
+    def _forced(self, seq: RequestRow) -> list[int]:
         """The tokens ``seq``'s grammar forces next (jump-forward), as many as its next window may
         hold; none for a free row, with ``jump_forward`` off, or before its first token. A grammar
         failure fails the row alone."""
-        if not self.jump_forward or seq.grammar is None or not seq.tokens:
+        if not self.jump_forward or seq.grammar_state is None or not seq.tokens:
             return []
         room = min(MAX_FORCED_TOKENS, seq.remaining - 1, seq.capacity - seq.last_pos - 1)
         if room < 1:
             return []
         try:
-            return seq.grammar.forced(room)
+            return seq.grammar_state.forced(room)
         except GrammarError as exc:
             seq.fail(exc)
             return []
 
     @staticmethod
-    def _forced_groups(windows: list[tuple[Sequence, list[int]]]
-                       ) -> list[list[tuple[Sequence, list[int]]]]:
+    def _forced_groups(windows: list[tuple[RequestRow, list[int]]]
+                       ) -> list[list[tuple[RequestRow, list[int]]]]:
         """Jump-forward windows grouped into right-padded verify forwards, shortest first: a group
         computes at most ``PADDING_WASTE * real + PADDING_FREE`` positions for its ``real`` ones,
         and every row's bound capacity holds the group's widest window (its padding is sealed off
         with the rejected positions)."""
-        groups: list[list[tuple[Sequence, list[int]]]] = []
+        groups: list[list[tuple[RequestRow, list[int]]]] = []
         real = 0
         for seq, tokens in sorted(windows, key=lambda w: len(w[1])):
             group = groups[-1] if groups else []
@@ -374,24 +374,25 @@ class ModelRunner:
         return groups
 
     @staticmethod
-    def _grammar_valid(seqs: list[Sequence], drafts: torch.Tensor) -> list[int]:
+    def _grammar_valid(seqs: list[RequestRow], drafts: torch.Tensor) -> list[int]:
         """Per row, how many of its drafts ``[B, n]`` its grammar admits in a row (all for a free
         row): a forbidden draft ends the proposal there. A grammar failure fails the row alone (its
         drafts are all verified, and it takes none)."""
         n = drafts.shape[1]
-        if all(s.grammar is None for s in seqs):
+        if all(s.grammar_state is None for s in seqs):
             return [n] * len(seqs)
         rows = drafts.tolist()
         valid = []
         for seq, row in zip(seqs, rows):
             try:
-                valid.append(n if seq.grammar is None else seq.grammar.valid_prefix(row))
+                state = seq.grammar_state
+                valid.append(n if state is None else state.valid_prefix(row))
             except GrammarError as exc:
                 seq.fail(exc)
                 valid.append(n)
         return valid
 
-    def _verify(self, seqs: list[Sequence], n: int, drafts: torch.Tensor,
+    def _verify(self, seqs: list[RequestRow], n: int, drafts: torch.Tensor,
                 draft_probs: torch.Tensor | None, forced: bool = False,
                 widths: list[int] | None = None) -> list[AcceptResult]:
         """Verify ``drafts`` ``[B, n]`` in one forward, accept per row, seal the accepted KV, append
@@ -430,7 +431,7 @@ class ModelRunner:
                                n, out.hidden[b, kept_rows], out.logits[b, kept_rows])
         return results
 
-    def _append_forced(self, seq: Sequence, result: AcceptResult, start: int,
+    def _append_forced(self, seq: RequestRow, result: AcceptResult, start: int,
                        hidden: torch.Tensor, logits: torch.Tensor) -> None:
         """Book a jump-forward window of ``seq`` at ``start``: the drafter hears of its positions
         as of any target forward (``extend``), then the forced tokens and the bonus are appended as
@@ -440,8 +441,8 @@ class ModelRunner:
         self.drafting.extend(seq, hidden, start)
         self._push_tokens(seq, result.tokens, logits)
 
-    def _append_round(self, seq: Sequence, record: RoundRecord, proposed: int, hidden: torch.Tensor,
-                      logits: torch.Tensor) -> None:
+    def _append_round(self, seq: RequestRow, record: RoundRecord, proposed: int,
+                      hidden: torch.Tensor, logits: torch.Tensor) -> None:
         """Book one verified round of ``seq`` (counters, its ``on_round`` hook), give the drafter
         the true hidden rows of the kept positions (``hidden`` ``[kept + 1, D]``) and append the
         round's tokens, each with the raw log-distribution of its position (``logits``
@@ -456,7 +457,7 @@ class ModelRunner:
         self._push_tokens(seq, record.tokens, logits)
 
     @staticmethod
-    def _push_tokens(seq: Sequence, tokens: tuple[int, ...], logits: torch.Tensor) -> None:
+    def _push_tokens(seq: RequestRow, tokens: tuple[int, ...], logits: torch.Tensor) -> None:
         """Append a window's ``tokens`` until one finishes ``seq``, each with the raw
         log-distribution of its position (``logits`` ``[len(tokens), V]``) when the request wants
         logprobs."""
@@ -466,7 +467,7 @@ class ModelRunner:
                 break
 
     # ------------------------------------------------------------------ token-tree round
-    def _verify_tree(self, seqs: list[Sequence], branching: tuple[int, ...],
+    def _verify_tree(self, seqs: list[RequestRow], branching: tuple[int, ...],
                      tree: DraftTree) -> list[TreeAccept]:
         """Verify ``tree`` in one forward with the tree mask, accept the longest path the target
         follows (``draft_tree.accept_tree``), move the accepted nodes' KV to consecutive positions,

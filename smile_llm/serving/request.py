@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..speculative.acceptance import RoundRecord
 from ..speculative.draft_tree import MAX_BRANCHING, MAX_TREE_NODES
-from ..errors import RequestTypeError
+from ..errors import RequestError, RequestTypeError
 from .listener import LISTENER_EVENTS, GenerationListener, TextCallback
 from .segments import Splice, check_pieces
 from ..sampling.constraint import Constraint, constraint_of
@@ -70,22 +70,25 @@ def check_prompt(prompt: Any, name: str = "prompt") -> None:
     kind = type(prompt).__name__
     if isinstance(prompt, (bytes, bytearray, memoryview)):
         raise RequestTypeError(f"{name} must be {PROMPT_KINDS}, got {kind} {_short(prompt)}: "
-                               f"decode bytes to a str first (e.g. {name}.decode('utf-8'))")
+                               f"decode bytes to a str first (e.g. {name}.decode('utf-8'))",
+                               field=name)
     shape = getattr(prompt, "shape", None)
     if shape is not None and isinstance(getattr(prompt, "ndim", None), int) and prompt.ndim != 1:
         raise RequestTypeError(f"{name} must be {PROMPT_KINDS}, got a {prompt.ndim}-D {kind} of "
-                               f"shape {tuple(shape)}; give one 1-D sequence of ids per prompt")
+                               f"shape {tuple(shape)}; give one 1-D sequence of ids per prompt",
+                               field=name)
     if isinstance(prompt, (dict, set, frozenset)) or not isinstance(prompt, Iterable):
         hint = (f"; for a single token id give [{prompt!r}]" if isinstance(prompt, numbers.Integral)
                 else "")
-        raise RequestTypeError(f"{name} must be {PROMPT_KINDS}, got {kind} {_short(prompt)}{hint}")
+        raise RequestTypeError(f"{name} must be {PROMPT_KINDS}, got {kind} {_short(prompt)}{hint}",
+                               field=name)
     if isinstance(prompt, (list, tuple)):
         for i, item in enumerate(prompt):
             if isinstance(item, bool) or not isinstance(item, numbers.Integral):
                 hint = ("; a list of prompts goes to generate_batch"
                         if isinstance(item, (str, list, tuple)) else "")
                 raise RequestTypeError(f"{name} must be {PROMPT_KINDS}; {name}[{i}] is "
-                                       f"{type(item).__name__} {_short(item)}{hint}")
+                                       f"{type(item).__name__} {_short(item)}{hint}", field=name)
 
 
 def check_keywords(given: Iterable[str], accepted: Seq[str], call: str) -> None:
@@ -97,7 +100,7 @@ def check_keywords(given: Iterable[str], accepted: Seq[str], call: str) -> None:
             close = difflib.get_close_matches(name, accepted, n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ";"
             raise RequestTypeError(f"{call} got an unexpected keyword argument {name!r}{hint} "
-                                   f"{call} accepts {', '.join(accepted)}")
+                                   f"{call} accepts {', '.join(accepted)}", field=name)
 
 
 def as_listener(listener: object) -> GenerationListener | None:
@@ -110,14 +113,14 @@ def as_listener(listener: object) -> GenerationListener | None:
     if isinstance(listener, type):
         raise RequestTypeError("listener must be a GenerationListener instance or a callable "
                                f"taking each text chunk, got the class {listener.__name__}; pass "
-                               f"{listener.__name__}()")
+                               f"{listener.__name__}()", field="listener")
     if any(callable(getattr(listener, event, None)) for event in LISTENER_EVENTS):
         return cast(GenerationListener, listener)  # any object with the methods it wants to hear
     if callable(listener):
         return TextCallback(listener)
     raise RequestTypeError("listener must be a GenerationListener (an object with any of "
                            f"{', '.join(LISTENER_EVENTS)}) or a callable taking each text chunk, "
-                           f"got {type(listener).__name__} {_short(listener)}")
+                           f"got {type(listener).__name__} {_short(listener)}", field="listener")
 
 
 @dataclass(frozen=True)
@@ -179,24 +182,28 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_new_tokens):
-            raise RequestTypeError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}")
+            raise RequestTypeError(f"max_new_tokens must be an int, got {self.max_new_tokens!r}",
+                                   field="max_new_tokens")
         if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+            raise RequestError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}",
+                               field="max_new_tokens")
         if not _is_number(self.temperature):
-            raise RequestTypeError(f"temperature must be a number, got {self.temperature!r}")
+            raise RequestTypeError(f"temperature must be a number, got {self.temperature!r}",
+                                   field="temperature")
         if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+            raise RequestError("temperature must be a finite number >= 0, got "
+                               f"{self.temperature!r}", field="temperature")
         # greedy: dividing by it would overflow (1e-300 is 0 in float32)
         if self.temperature < GREEDY_TEMPERATURE:
             object.__setattr__(self, "temperature", 0.0)
         if not _is_number(self.top_p):
-            raise RequestTypeError(f"top_p must be a number, got {self.top_p!r}")
+            raise RequestTypeError(f"top_p must be a number, got {self.top_p!r}", field="top_p")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}", field="top_p")
         if not _is_int(self.seed):
-            raise RequestTypeError(f"seed must be an int, got {self.seed!r}")
+            raise RequestTypeError(f"seed must be an int, got {self.seed!r}", field="seed")
         if not -(1 << 63) <= self.seed <= MAX_SEED:
-            raise ValueError(f"seed must be in [-2**63, 2**64), got {self.seed}")
+            raise RequestError(f"seed must be in [-2**63, 2**64), got {self.seed}", field="seed")
         # a negative (e.g. Java long) seed: its 64 bits
         object.__setattr__(self, "seed", self.seed & MAX_SEED)
         self._check_logprobs()
@@ -204,56 +211,61 @@ class SamplingParams:
             if not isinstance(self.speculative_tokens, int) or \
                     isinstance(self.speculative_tokens, bool):
                 raise RequestTypeError(f'speculative_tokens must be None, "auto" or an int, got '
-                                       f"{self.speculative_tokens!r}")
+                                       f"{self.speculative_tokens!r}", field="speculative_tokens")
             if self.speculative_tokens < 0:
-                raise ValueError(f"speculative_tokens must be None, \"auto\" or an int >= 0, got "
-                                 f"{self.speculative_tokens}")
+                raise RequestError(f"speculative_tokens must be None, \"auto\" or an int >= 0, got "
+                                   f"{self.speculative_tokens}", field="speculative_tokens")
         if self.draft_sampling not in DRAFT_SAMPLING:
-            raise ValueError('draft_sampling must be "greedy" or "sample", got '
-                             f'{self.draft_sampling!r}')
+            raise RequestError('draft_sampling must be "greedy" or "sample", got '
+                               f'{self.draft_sampling!r}', field="draft_sampling")
         self._check_processors()
         object.__setattr__(self, "_constraint", constraint_of(
             self.json_schema, self.json_object, self.regex, self.grammar, self.choice))
         for entry in self.stop_entries():
             if not isinstance(entry, str) and not (_is_int(entry) and entry >= 0):
                 raise RequestTypeError("stop entries must be token ids (ints >= 0) or "
-                                       f"strings, got {entry!r}")
+                                       f"strings, got {entry!r}", field="stop")
         object.__setattr__(self, "segments", check_pieces(self.segments))
 
     def _check_logprobs(self) -> None:
         if not isinstance(self.logprobs, bool):
             if not _is_int(self.logprobs):
                 raise RequestTypeError(f"logprobs must be a bool or an int in [0, {MAX_LOGPROBS}], "
-                                       f"got {self.logprobs!r}")
+                                       f"got {self.logprobs!r}", field="logprobs")
             if not 0 <= self.logprobs <= MAX_LOGPROBS:
-                raise ValueError(f"logprobs must be a bool or an int in [0, {MAX_LOGPROBS}], "
-                                 f"got {self.logprobs}")
+                raise RequestError(f"logprobs must be a bool or an int in [0, {MAX_LOGPROBS}], "
+                                   f"got {self.logprobs}", field="logprobs")
         if self.prompt_logprobs is not None:
             if not _is_int(self.prompt_logprobs):
                 raise RequestTypeError("prompt_logprobs must be None or an int in [0, "
-                                       f"{MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
+                                       f"{MAX_LOGPROBS}], got {self.prompt_logprobs!r}",
+                                       field="prompt_logprobs")
             if not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
-                raise ValueError(f"prompt_logprobs must be None or an int in [0, {MAX_LOGPROBS}], "
-                                 f"got {self.prompt_logprobs}")
+                raise RequestError("prompt_logprobs must be None or an int in "
+                                   f"[0, {MAX_LOGPROBS}], got {self.prompt_logprobs}",
+                                   field="prompt_logprobs")
         if self.draft_tree is not None:
             tree = self.draft_tree
             if not isinstance(tree, (tuple, list)) or not tree or not all(_is_int(b) for b in tree):
                 raise RequestTypeError("draft_tree must be None or a non-empty tuple of ints "
-                                       f"(alternatives per depth), got {tree!r}")
+                                       f"(alternatives per depth), got {tree!r}",
+                                       field="draft_tree")
             if len(tree) > MAX_TREE_DEPTH or not all(1 <= b <= MAX_BRANCHING for b in tree) or \
                     sum(tree) > MAX_TREE_NODES:
-                raise ValueError(f"draft_tree must have 1..{MAX_TREE_DEPTH} depths of "
-                                 f"1..{MAX_BRANCHING} alternatives each and at most "
-                                 f"{MAX_TREE_NODES} nodes in all, got {tree!r}")
+                raise RequestError(f"draft_tree must have 1..{MAX_TREE_DEPTH} depths of "
+                                   f"1..{MAX_BRANCHING} alternatives each and at most "
+                                   f"{MAX_TREE_NODES} nodes in all, got {tree!r}",
+                                   field="draft_tree")
             object.__setattr__(self, "draft_tree", tuple(tree))
             # "auto" too
             if self.speculative_tokens is not None and self.speculative_tokens != len(tree):
-                raise ValueError(f"speculative_tokens ({self.speculative_tokens}) must be None or "
-                                 f"the depth of draft_tree ({len(tree)})")
+                raise RequestError(f"speculative_tokens ({self.speculative_tokens}) must be None "
+                                   f"or the depth of draft_tree ({len(tree)})",
+                                   field="speculative_tokens")
         if not _is_int(self.n):
-            raise RequestTypeError(f"n must be an int, got {self.n!r}")
+            raise RequestTypeError(f"n must be an int, got {self.n!r}", field="n")
         if not 1 <= self.n <= MAX_SAMPLES:
-            raise ValueError(f"n must be in [1, {MAX_SAMPLES}], got {self.n}")
+            raise RequestError(f"n must be in [1, {MAX_SAMPLES}], got {self.n}", field="n")
 
     @property
     def constraint(self) -> Constraint | None:
@@ -283,34 +295,36 @@ class SamplingParams:
 
     def _check_processors(self) -> None:
         if not _is_int(self.top_k):
-            raise RequestTypeError(f"top_k must be an int, got {self.top_k!r}")
+            raise RequestTypeError(f"top_k must be an int, got {self.top_k!r}", field="top_k")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+            raise RequestError(f"top_k must be >= 0 (0: off), got {self.top_k}", field="top_k")
         for name, lo, hi, lo_open in (("min_p", 0.0, 1.0, False),
                                       ("repetition_penalty", 0.0, math.inf, True),
                                       ("presence_penalty", -2.0, 2.0, False),
                                       ("frequency_penalty", -2.0, 2.0, False)):
             value = getattr(self, name)
             if not _is_number(value):
-                raise RequestTypeError(f"{name} must be a number, got {value!r}")
+                raise RequestTypeError(f"{name} must be a number, got {value!r}", field=name)
             if not math.isfinite(value) or value < lo or value > hi or (lo_open and value <= lo):
                 allowed = f"> {lo}" if lo_open else f"in [{lo}, {hi}]"
-                raise ValueError(f"{name} must be {allowed}, got {value!r}")
+                raise RequestError(f"{name} must be {allowed}, got {value!r}", field=name)
         if not _is_int(self.min_new_tokens):
-            raise RequestTypeError(f"min_new_tokens must be an int, got {self.min_new_tokens!r}")
+            raise RequestTypeError(f"min_new_tokens must be an int, got {self.min_new_tokens!r}",
+                                   field="min_new_tokens")
         if self.min_new_tokens < 0:
-            raise ValueError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}")
+            raise RequestError(f"min_new_tokens must be >= 0, got {self.min_new_tokens}",
+                               field="min_new_tokens")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise RequestTypeError("logit_bias must be a dict of token id -> bias, got "
-                                       f"{self.logit_bias!r}")
+                                       f"{self.logit_bias!r}", field="logit_bias")
             for token, bias in self.logit_bias.items():
                 if not _is_int(token) or token < 0:
-                    raise ValueError("logit_bias keys must be token ids (ints >= "
-                                     f"0), got {token!r}")
+                    raise RequestError("logit_bias keys must be token ids (ints >= "
+                                       f"0), got {token!r}", field="logit_bias")
                 if not _is_number(bias) or not -100.0 <= bias <= 100.0:
-                    raise ValueError(f"logit_bias[{token}] must be a number in [-100, "
-                                     f"100], got {bias!r}")
+                    raise RequestError(f"logit_bias[{token}] must be a number in [-100, "
+                                       f"100], got {bias!r}", field="logit_bias")
 
     def processing(self, eos_ids: tuple[int, ...]) -> LogitsProcessing:
         """The request's logits processors (``processors``), with the model's EOS ids for
@@ -350,15 +364,16 @@ def option_fields(given: dict[str, Any], call: str, accepted: tuple[str, ...]) -
 
 @dataclass(frozen=True)
 class Request:
-    """A validated request, ready for the scheduler: prompt ids, settings, the new-token ``limit``
-    (clamped so that prompt plus completion fit ``max_seq_len``), resolved stops, the drafts per
-    round (0: plain decoding), and the caller's hooks: ``listener`` (GenerationListener-like),
-    ``cancel`` (polled before every forward of the request; True ends it with GenerationCancelled)
-    and ``on_round`` (called with each speculative round's ``RoundRecord``)."""
+    """A validated request, ready for the scheduler: prompt ids, settings, ``max_new_tokens``
+    (the caller's, clamped so that prompt plus completion fit ``max_seq_len``), resolved stops,
+    the drafts per round (0: plain decoding), and the caller's hooks: ``listener``
+    (GenerationListener-like), ``cancel`` (polled before every forward of the request; True ends
+    it with GenerationCancelled) and ``on_round`` (called with each speculative round's
+    ``RoundRecord``)."""
 
     prompt: list[int]
     params: SamplingParams
-    limit: int
+    max_new_tokens: int  # the one internal name of the token budget (see docs/contract.md)
     stop_ids: frozenset[int]
     stop_texts: tuple[str, ...]
     speculative_tokens: int
@@ -367,10 +382,12 @@ class Request:
     on_round: Callable[[RoundRecord], None] | None = None
     # the model's draft policy chooses each round's drafts, up to ``speculative_tokens``
     adaptive: bool = False
-    # the compiled output constraint (None: free text); each sequence starts its own state of it
-    grammar: CompiledGrammar | None = None
+    # the compiled output constraint (None: free text); each row starts its own state of it
+    compiled_grammar: CompiledGrammar | None = None
     # registered segments placed in the prompt, their KV spliced instead of computed (in order)
     splices: tuple[Splice, ...] = ()
+    # one listener per sample of an ``n``-sample request (empty: ``listener`` alone, for n = 1)
+    sample_listeners: tuple[GenerationListener | None, ...] = ()
 
 
 class HandleOwner(Protocol):
@@ -388,11 +405,11 @@ class RequestHandle:
     a failed forward). While a caller waits and no other thread is advancing the model, the waiting
     thread advances it itself (no thread hop for a single caller)."""
 
-    def __init__(self, request_number: int, request: Request, server: HandleOwner) -> None:
+    def __init__(self, request_number: int, request: Request, owner: HandleOwner) -> None:
         self.request_number = request_number  # submission order on its model, from 1
         self.request = request
         self.prompt = request.prompt
-        self._server = server
+        self._owner = owner
         self._done = threading.Event()
         self._result: Completion | None = None
         self._error: BaseException | None = None
@@ -408,7 +425,7 @@ class RequestHandle:
         """The Completion; raises the request's error, or TimeoutError if not done within
         ``timeout`` seconds. RuntimeError if called from a listener while the request is not done
         (it would wait on the thread that must advance it)."""
-        self._server.wait(self, timeout)
+        self._owner.wait(self, timeout)
         if self._error is not None:
             raise self._error
         assert self._result is not None
@@ -416,14 +433,14 @@ class RequestHandle:
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The error that ended the request, or None if it completed; waits like ``result``."""
-        self._server.wait(self, timeout)
+        self._owner.wait(self, timeout)
         return self._error
 
     def cancel(self) -> bool:
         """Abort the request: a queued one leaves the queue, a running one is evicted; its KV pages
         are released when this returns (from a listener, at the end of the current step). False if
         it had already finished."""
-        return bool(self._server.cancel(self))
+        return bool(self._owner.cancel(self))
 
     def add_done_callback(self, fn: Callable[[RequestHandle], None]) -> None:
         """Call ``fn(handle)`` once the request is done: at once on the calling thread if it already
@@ -437,7 +454,7 @@ class RequestHandle:
                 return
         _call_quietly(fn, self)
 
-    # ------------------------------------------------------------------ server side
+    # ------------------------------------------------------------------ the serving loop's side
     def _set_result(self, completion: Completion) -> None:
         if not self._done.is_set():
             self._result = completion

@@ -22,11 +22,16 @@ if TYPE_CHECKING:
 
 
 def sample_requests(request: Request) -> list[Request]:
-    """The ``n`` one-sample requests of ``request`` (prompt logprobs are computed by sample 0
+    """The ``n`` one-sample requests of ``request``, sample i with ``params.sample(i)`` and its own
+    listener (``sample_listeners[i]``, when given; prompt logprobs are computed by sample 0
     only)."""
+    listeners = request.sample_listeners
     if request.params.n == 1:
-        return [request]
-    return [replace(request, params=request.params.sample(i)) for i in range(request.params.n)]
+        return [replace(request, listener=listeners[0], sample_listeners=()) if listeners
+                else request]
+    return [replace(request, params=request.params.sample(i), sample_listeners=(),
+                    listener=listeners[i] if listeners else request.listener)
+            for i in range(request.params.n)]
 
 
 class SampleGroup:

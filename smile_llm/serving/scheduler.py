@@ -42,7 +42,7 @@ from ..cache import KvCacheExhaustedError
 from .model_runner import BATCHED_PREFILL_TOKENS, PREFILL_CHUNK
 from ..errors import GenerationCancelled
 from .request import RequestHandle
-from .sequence import Sequence
+from .request_row import RequestRow
 from .kv_fingerprint_log import KvEndHook, hook_from_env
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class Scheduler:
     """Admission, stepping, preemption and release of every request of one model (see the module
     docstring). ``max_running`` bounds the rows advanced together; ``prefill_tokens_per_step`` the
     prompt tokens prefilled per step. A queued request is its handle; once bound it is its
-    ``Sequence`` (which holds the handle)."""
+    ``RequestRow`` (which holds the handle)."""
 
     def __init__(self, context: ServingContext, max_running: int = DEFAULT_MAX_RUNNING,
                  prefill_tokens_per_step: int = PREFILL_CHUNK) -> None:
@@ -74,10 +74,10 @@ class Scheduler:
         self.max_running = max_running
         self.prefill_tokens_per_step = prefill_tokens_per_step
         self.waiting: deque[RequestHandle] = deque()  # queued, first come first served
-        self.running: list[Sequence] = []  # bound and resident, in admission order
-        self.preempted: list[Sequence] = []  # bound, private KV offloaded, in admission order
+        self.running: list[RequestRow] = []  # bound and resident, in admission order
+        self.preempted: list[RequestRow] = []  # bound, private KV offloaded, in admission order
         # every running or preempted row, by its handle
-        self._bound: dict[RequestHandle, Sequence] = {}
+        self._bound: dict[RequestHandle, RequestRow] = {}
         self.preemptions = 0
         # requests ended so far (completed, failed or cancelled): waiters need waking when it moves
         self.ended = 0
@@ -137,11 +137,11 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_running:
             handle = self.waiting[0]
             req = handle.request
-            final_len = len(req.prompt) + req.limit
+            final_len = len(req.prompt) + req.max_new_tokens
             if self._pages(final_len) * pool.page_size > total:
                 self.waiting.popleft()
                 self.end(handle, error=KvCacheExhaustedError(
-                    f"a request of {len(req.prompt)} prompt tokens and up to {req.limit} "
+                    f"a request of {len(req.prompt)} prompt tokens and up to {req.max_new_tokens} "
                     f"new ones needs {self._pages(final_len)} pages; the pool has "
                     f"{total // pool.page_size} in all"))
                 continue
@@ -161,7 +161,7 @@ class Scheduler:
             self.waiting.popleft()
             bound = self._pages(capacity) * pool.page_size
             try:
-                seq = self.context.sequence(handle, rid, pool.matched_prefix_len(rid),
+                seq = self.context.row(handle, rid, pool.matched_prefix_len(rid),
                                             min(bound, final_len))
             except Exception as exc:  # this request alone (its grammar could not start, say)
                 pool.unbind_request(rid)
@@ -180,7 +180,7 @@ class Scheduler:
     def _pages(self, tokens: int) -> int:
         return -(-tokens // self.context.pool.page_size)
 
-    def _run(self, seq: Sequence) -> None:
+    def _run(self, seq: RequestRow) -> None:
         """Put ``seq`` into the running set, keeping admission order."""
         self.running.append(seq)
         self.running.sort(key=lambda s: s.admitted)
@@ -206,13 +206,13 @@ class Scheduler:
         return False
 
     # ------------------------------------------------------------------ prefill
-    def _prefill(self) -> list[Sequence]:
+    def _prefill(self) -> list[RequestRow]:
         """Prefill within the step's budget, first come, first served; returns the rows that decode
         this step."""
         runner = self.context.runner
         budget = self.prefill_tokens_per_step
-        decoding: list[Sequence] = []
-        whole: list[Sequence] = []
+        decoding: list[RequestRow] = []
+        whole: list[RequestRow] = []
         for seq in list(self.running):
             if seq.remaining == 0:
                 # finished, or asked for no tokens: ended by _finish_done without a forward
@@ -246,14 +246,14 @@ class Scheduler:
                 self._prefilled(seq)
         return decoding
 
-    def _prefilled(self, seq: Sequence) -> None:
+    def _prefilled(self, seq: RequestRow) -> None:
         """A whole prompt is written: take the first token and cache the prompt (up to its first
-        shifted segment, ``Sequence.cacheable``), so later binds can match it."""
+        shifted segment, ``RequestRow.cacheable``), so later binds can match it."""
         seq.take_next()
         self.context.pool.cache_prefix(seq.request_id, seq.cacheable(seq.prompt))
 
     # ------------------------------------------------------------------ capacity and preemption
-    def _reserve(self, decoding: list[Sequence]) -> list[Sequence]:
+    def _reserve(self, decoding: list[RequestRow]) -> list[RequestRow]:
         """Grow each decoding row's capacity to hold its next window (oldest rows first), preempting
         the most recently admitted running rows while the pool is short. Returns the rows that
         decode this step."""
@@ -283,7 +283,7 @@ class Scheduler:
                     break
         return [seq for seq in decoding if seq in self.running and not seq.finished]
 
-    def preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: RequestRow) -> None:
         """Pause a running row: offload its private KV to host memory (``offload_request``; restored
         byte-identical by ``admit``) and move it to the preempted list. Its draft history stays
         bound."""
@@ -365,7 +365,7 @@ class Scheduler:
                 self.running.remove(seq)
             if seq in self.preempted:
                 self.preempted.remove(seq)
-            seq.release_grammar()
+            seq.release_grammar_state()
             runner = self.context.runner
             runner.drafting.release(seq)
             if seq.adaptive:

@@ -89,7 +89,7 @@ class SegmentLayout:
 
 class SplicingRow(Protocol):
     """What ``SegmentRegistry.splice`` reads and moves of a prefilling row (the serving layer's
-    ``Sequence``)."""
+    ``RequestRow``)."""
 
     request_id: int
     prefilled: int  # prompt positions whose KV is written
@@ -107,7 +107,7 @@ def check_pieces(value: Any, name: str = "segments") -> tuple[Any, ...] | None:
         return None
     if isinstance(value, (str, bytes, Segment)) or not isinstance(value, (list, tuple)):
         raise RequestTypeError(f"{name} must be a list of pieces ({PIECE_KINDS} each), got "
-                               f"{type(value).__name__}; for one piece give [piece]")
+                               f"{type(value).__name__}; for one piece give [piece]", field=name)
     pieces: list[Any] = []
     for i, piece in enumerate(value):
         if isinstance(piece, (Segment, str)):
@@ -119,7 +119,7 @@ def check_pieces(value: Any, name: str = "segments") -> tuple[Any, ...] | None:
                 isinstance(t, numbers.Integral) and not isinstance(t, bool) and int(t) >= 0
                 for t in piece):
             raise RequestTypeError(f"{name}[{i}] must be {PIECE_KINDS}, got "
-                                   f"{type(piece).__name__} {str(piece)[:40]}")
+                                   f"{type(piece).__name__} {str(piece)[:40]}", field=name)
         pieces.append(tuple(int(t) for t in piece))
     return tuple(pieces) or None
 
@@ -172,7 +172,8 @@ class SegmentRegistry:
     def _require_support(self) -> None:
         reason = self.unsupported()
         if reason is not None:
-            raise SegmentUnsupportedError(f"segments are not supported by this model: {reason}")
+            raise SegmentUnsupportedError(f"segments are not supported by this model: {reason}",
+                                          field="segments")
 
     @property
     def live(self) -> tuple[Segment, ...]:
@@ -215,19 +216,19 @@ class SegmentRegistry:
         ``unbind_requests`` or an exclusive bind on the pool)."""
         if not isinstance(segment, Segment):
             raise SegmentError(f"{name} must be a Segment from register_segment, got "
-                               f"{type(segment).__name__}")
+                               f"{type(segment).__name__}", field=name)
         if segment.owner is not self:
             raise SegmentError(f"{name}: segment {segment.segment_id} was registered with another "
-                               f"model; register it with this one")
+                               f"model; register it with this one", field=name)
         with self._lock:
             live = self._live.get(segment.segment_id) is segment
         if not live:
             raise SegmentError(f"{name}: segment {segment.segment_id} was released; register it "
-                               f"again")
+                               f"again", field=name)
         if not self.pool.is_bound(segment.binding):
             raise SegmentError(f"{name}: segment {segment.segment_id} lost its KV (its binding "
                                f"{segment.binding} was unbound directly in the pool); release it "
-                               f"and register it again")
+                               f"and register it again", field=name)
         return segment
 
     def release(self, segment: Any) -> bool:

@@ -397,20 +397,20 @@ class _StepLock:
     for it. With a ``timeout``, ``acquired`` says whether it was taken in time (the body must check
     it)."""
 
-    def __init__(self, server: ServingLoop, timeout: float | None = None) -> None:
-        self.server = server
+    def __init__(self, loop: ServingLoop, timeout: float | None = None) -> None:
+        self.loop = loop
         self.timeout = timeout
         self.acquired = False
 
     def __enter__(self) -> None:
-        with self.server._cv:
-            self.server._cancel_waiters += 1
-        self.acquired = self.server._step_lock.acquire(timeout=-1 if self.timeout is None
-                                                       else self.timeout)
+        with self.loop._cv:
+            self.loop._cancel_waiters += 1
+        self.acquired = self.loop._step_lock.acquire(timeout=-1 if self.timeout is None
+                                                     else self.timeout)
 
     def __exit__(self, *exc: object) -> None:
         if self.acquired:
-            self.server._step_lock.release()
+            self.loop._step_lock.release()
             self.acquired = False
-        with self.server._cv:
-            self.server._cancel_waiters -= 1
+        with self.loop._cv:
+            self.loop._cancel_waiters -= 1

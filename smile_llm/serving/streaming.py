@@ -21,7 +21,8 @@ block, and leaving a loop over an iterator nothing else holds (``for chunk in lm
 variable does not end it (the loop may be resumed): the request runs on until it finishes, or until
 the iterator is closed, dropped (its KV released at once) or garbage-collected (the collector may
 run on any thread, so the request is only flagged and cancelled at the model's next step). At
-interpreter exit the model's server ends every pending request (``ServingLoop.release_at_exit``).
+interpreter exit the model's serving loop ends every pending request
+(``ServingLoop.release_at_exit``).
 Cancelling the task of an ``astream`` loop, or leaving it, cancels the request.
 """
 
@@ -74,8 +75,8 @@ class _ChunkListener:
 def _release_dropped(handle: RequestHandle) -> None:
     """A dropped stream's finalizer: cancel its request. Dropped by the last reference going away
     (user code), the cancel is done here and the KV is released when the finalizer returns;
-    collected by the garbage collector, which may run on any thread, even one inside the server's
-    locks, the request is only flagged and the serving loop cancels it at its next step."""
+    collected by the garbage collector, which may run on any thread, even one inside the serving
+    loop's locks, the request is only flagged and the serving loop cancels it at its next step."""
     if handle.done():
         return
     handle.cancel_requested = True
@@ -137,7 +138,7 @@ class TokenStream(Iterator[StreamChunk]):
         handle.add_done_callback(lambda _: listener.finish())
         self._handle = handle
         finalizer = weakref.finalize(self, _release_dropped, handle)
-        # at exit the server ends every request (ServingLoop.release_at_exit)
+        # at exit the serving loop ends every request (ServingLoop.release_at_exit)
         finalizer.atexit = False
         self._finalizer = finalizer
         if self._closed:  # closed by another thread while the request was being queued

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..attention.backend import AttentionBackend
-from ..attention.merge import LN2, dense_attention, merge_by_lse
+from ..attention.torch.merge import LN2, dense_attention, merge_by_lse
 from ..cache import KvCachePool
 from ..distributed.group import TensorParallel
 from ..models.state_step import StateStep

@@ -1,6 +1,6 @@
 """DraftRow: what drafters and draft policies read of a request being generated.
 
-The serving layer's ``Sequence`` is one; drafters never see more of it than this, so speculation
+The serving layer's ``RequestRow`` is one; drafters never see more of it than this, so speculation
 does not depend on the request path above it. A drafter keeps its per-request state in ``history``
 (set by its ``bind``, cleared by its ``release``). Positions: the prompt occupies
 ``[0, len(prompt))``, generated token i sits at ``len(prompt) + i``."""

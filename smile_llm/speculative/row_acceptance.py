@@ -20,7 +20,7 @@ from .draft_tree import DraftTree, TreeAccept, accept_tree
 
 
 class VerifyRow(Protocol):
-    """What acceptance reads of a row (the serving layer's ``Sequence``)."""
+    """What acceptance reads of a row (the serving layer's ``RequestRow``)."""
 
     temperature: float
     top_p: float

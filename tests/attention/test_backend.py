@@ -210,7 +210,7 @@ def test_prefill_plans_causal_ragged_windows(fake_flashinfer: type[FakeFlashInfe
 def test_a_token_tree_mask_reaches_the_prefill_plan(fake_flashinfer: type[FakeFlashInfer]) -> None:
     """A custom mask goes to FlashInfer's prefill ``plan`` (not causal); the stand-in's attention under it equals
     the reference backend's; a mask without query windows is refused."""
-    from smile_llm.attention.torch_backend import TorchBackend
+    from smile_llm.attention.torch.backend import TorchBackend
     from smile_llm.speculative.draft_tree import DraftTree, window_mask
 
     tree = DraftTree(torch.zeros(2, 3, dtype=torch.int64), np.array([[0, 0, 1], [0, 1, 1]]))

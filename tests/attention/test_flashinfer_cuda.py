@@ -78,7 +78,7 @@ def _qo_indptr(qo_lens: list[int]) -> torch.Tensor:
 
 
 def _reference(pool: KvCachePool, q: torch.Tensor, meta: FlashInferKvMetadata, **kwargs: Any) -> Any:
-    from smile_llm.attention.torch_backend import paged_attention
+    from smile_llm.attention.torch.backend import paged_attention
 
     k, v = _layers(pool)
     return paged_attention(q, k, v, meta, k_scale=pool.k_scale, v_scale=pool.v_scale, return_lse=True, **kwargs)

@@ -21,7 +21,7 @@ import smile_llm.language_model as language_model
 from smile_llm.attention import FlashInferBackend, select_backend
 from smile_llm.attention.backend import AttentionShape
 from smile_llm.attention.flashinfer_limits import kernel_limit, model_limit
-from smile_llm.attention.torch_backend import TorchBackend, paged_attention
+from smile_llm.attention.torch.backend import TorchBackend, paged_attention
 from smile_llm.cache.metadata import FlashInferKvMetadata
 from smile_llm.language_model import LanguageModel
 from smile_llm.speculative.draft_tree import DraftTree, window_mask

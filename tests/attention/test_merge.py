@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from smile_llm.attention import merge, torch_run
-from smile_llm.attention.merge import dense_attention, merge_by_lse
+from smile_llm.attention.torch import merge, run as torch_run
+from smile_llm.attention.torch.merge import dense_attention, merge_by_lse
 from smile_llm.attention.reference import dense_reference_attention, reference_paged_attention
-from smile_llm.attention.torch_backend import TorchBackend
+from smile_llm.attention.torch.backend import TorchBackend
 
 from .cases import make_case
 

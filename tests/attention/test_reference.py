@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from smile_llm.attention.reference import dense_reference_attention, reference_paged_attention
-from smile_llm.attention.torch_backend import paged_attention
+from smile_llm.attention.torch.backend import paged_attention
 from smile_llm.cache.metadata import FlashInferKvMetadata
 
 from .cases import assert_close, make_case, one_row_meta

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from smile_llm.attention.flashinfer import FlashInferBackend, flashinfer_available
-from smile_llm.attention.torch_backend import TorchBackend
+from smile_llm.attention.torch.backend import TorchBackend
 from smile_llm.cache import KvCachePool
 from smile_llm.language_model import LanguageModel
-from smile_llm.models.config import ModelConfig
+from smile_llm.models.checkpoint.config import ModelConfig
 from smile_llm.models.transformer import Transformer
 from smile_llm.speculative.draft_tree import DraftTree, window_mask
 

@@ -1,4 +1,4 @@
-"""The torch backend (``attention.torch_backend``) against the semantic reference
+"""The torch backend (``attention/torch/``) against the semantic reference
 (``attention.reference``, float64) on random cases: every path its plan can take (chunked online
 softmax, one fused chunk, cascade, causal windows, runs read in place), through a real KvCachePool in
 poison mode, on bad input, and through TorchBackend's plan/run. The contract's hand-computed cases are
@@ -17,9 +17,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from smile_llm.attention import torch_plan
+from smile_llm.attention.torch import plan as torch_plan
 from smile_llm.attention.reference import reference_paged_attention
-from smile_llm.attention.torch_backend import TorchBackend, paged_attention
+from smile_llm.attention.torch.backend import TorchBackend, paged_attention
 from smile_llm.cache import KvCachePool
 from smile_llm.cache.metadata import FlashInferKvMetadata, build_csr
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from smile_llm.attention.reference import reference_paged_attention
-from smile_llm.attention.torch_backend import TorchBackend
+from smile_llm.attention.torch.backend import TorchBackend
 from smile_llm.speculative.draft_tree import DraftTree, window_mask
 
 from .cases import assert_close, make_case

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from smile_llm.cache import KvCacheExhaustedError, KvCacheLayout, KvCachePool
-from smile_llm.attention.torch_backend import paged_attention
+from smile_llm.attention.torch.backend import paged_attention
 from smile_llm.cache.metadata import FlashInferKvMetadata
 
 from .snapshot import expect_unchanged

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from smile_llm.attention.torch_backend import TorchBackend
+from smile_llm.attention.torch.backend import TorchBackend
 from smile_llm.cache import KvCacheExhaustedError, KvCachePool, KvCacheLayout
 from smile_llm.cache.codecs import codec_for
 from smile_llm.cache.kv_dtype import KvFormat, kv_formats

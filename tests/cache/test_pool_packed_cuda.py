@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.cuda,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_windows_read_what_the_oracle_reads_on_cuda(dtype: torch.dtype) -> None:
-    from smile_llm.attention.torch_backend import TorchBackend
+    from smile_llm.attention.torch.backend import TorchBackend
 
     pool = KvCachePool(len(FORMATS), 24 * PS, H, D, PS, "cuda", kv_formats=FORMATS, num_tails=8, compute_dtype=dtype)
     gen = torch.Generator().manual_seed(0)

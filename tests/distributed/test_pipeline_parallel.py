@@ -21,7 +21,7 @@ from smile_llm.cache import LayerNotHeldError
 from smile_llm.distributed import TensorParallel
 from smile_llm.distributed.pipeline import split_layers
 from smile_llm.language_model import LanguageModel
-from smile_llm.models.config import ModelConfig
+from smile_llm.models.checkpoint.config import ModelConfig
 from smile_llm.models.stages import PipelineStage
 
 from ..models.hybrid_models import hybrid_hf_config, hybrid_zoo  # noqa: F401 - fixture

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from smile_llm.language_model import LanguageModel
-from smile_llm.models.config import ModelConfig
+from smile_llm.models.checkpoint.config import ModelConfig
 from smile_llm.models.sharding import check_shardable, local_config, shard_range, vocab_partition
 from smile_llm.distributed import TensorParallel
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 if TYPE_CHECKING:
-    from smile_llm.models.config import ModelConfig
+    from smile_llm.models.checkpoint.config import ModelConfig
 
 TIMEOUT_S = 20.0
 PROMPTS = [[(7 * i + 3) % 97 for i in range(22)], [5, 9, 11, 2, 40, 41, 42], [(11 * i + 5) % 97 for i in range(37)]]

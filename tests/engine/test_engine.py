@@ -224,7 +224,7 @@ def test_bad_input_is_refused_at_submit_and_generate_shares_the_scheduler(lm, so
         assert h.result(60).tokens == solo[1]
         with pytest.raises(RuntimeError, match="already serves"):
             InferenceEngine(lm)
-    assert not lm.server.engine_attached
+    assert not lm.serving_loop.engine_attached
     assert len(lm.generate("abc", 3).tokens) == 3
     with pytest.raises(EngineShutdownError):
         engine.submit("abc")

@@ -108,7 +108,7 @@ def plain_model(jvm: Jvm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     ``tokenizer_config.json``), registered for Java as "plainModel"."""
     from java_bridge.adapters import LanguageModelAdapter
     from smile_llm import LanguageModel
-    from smile_llm.models.chat_template import CONFIG_FILE, TEMPLATE_FILE
+    from smile_llm.text.chat_template import CONFIG_FILE, TEMPLATE_FILE
     from smile_llm.models.shipped import DEFAULT_MODEL_DIR
 
     folder = tmp_path_factory.mktemp("plain_model")

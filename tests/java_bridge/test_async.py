@@ -27,8 +27,8 @@ def test_async_scenario(jvm: Jvm, name: str) -> None:
     pool = jvm.model.pool
     pool.check_invariants()
     assert pool.bound_request_count == 0
-    assert not jvm.model.server.engine_attached  # every scenario detaches its engine
-    assert jvm.model.server.num_waiting == 0 and jvm.model.server.num_running == 0
+    assert not jvm.model.serving_loop.engine_attached  # every scenario detaches its engine
+    assert jvm.model.serving_loop.num_waiting == 0 and jvm.model.serving_loop.num_running == 0
 
 
 def test_java_engine_defaults_are_smiles(jvm: Jvm) -> None:

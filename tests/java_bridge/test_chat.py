@@ -162,7 +162,7 @@ def test_chat_scenario(jvm: Jvm, chat_model: Any, plain_model: Any, name: str) -
     run(jvm, "ChatScenarios", name)
     for model in (chat_model, plain_model, jvm.model):
         assert model.pool.bound_request_count == 0
-        assert model.server.num_waiting == 0 and model.server.num_running == 0
+        assert model.serving_loop.num_waiting == 0 and model.serving_loop.num_running == 0
         model.pool.check_invariants()
 
 

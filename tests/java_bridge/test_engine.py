@@ -29,8 +29,8 @@ def test_engine_scenario(jvm: Jvm, chat_model: Any, name: str) -> None:  # noqa:
     pool = jvm.model.pool
     pool.check_invariants()
     assert pool.bound_request_count == 0
-    assert not jvm.model.server.engine_attached  # every scenario closes its engine
-    assert jvm.model.server.num_waiting == 0 and jvm.model.server.num_running == 0
+    assert not jvm.model.serving_loop.engine_attached  # every scenario closes its engine
+    assert jvm.model.serving_loop.num_waiting == 0 and jvm.model.serving_loop.num_running == 0
 
 
 def test_speculation_limit_is_the_models_while_the_engine_is_open(jvm: Jvm) -> None:
@@ -46,7 +46,7 @@ def test_speculation_limit_is_the_models_while_the_engine_is_open(jvm: Jvm) -> N
     finally:
         engine.close()
     assert jvm.model.speculative_max_batch == before
-    assert not jvm.model.server.engine_attached
+    assert not jvm.model.serving_loop.engine_attached
 
 
 def test_scenario_names_match_java(jvm: Jvm) -> None:

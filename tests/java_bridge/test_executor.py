@@ -27,7 +27,7 @@ def assert_clean(model: Any) -> None:
     assert pool.bound_request_count == 0
     assert pool.free_pages + pool.radix.total_size() // pool.page_size == \
         pool.num_slots // pool.page_size
-    assert model.server.num_waiting == 0 and model.server.num_running == 0
+    assert model.serving_loop.num_waiting == 0 and model.serving_loop.num_running == 0
 
 
 @pytest.mark.timeout(300, method="thread")
@@ -51,7 +51,7 @@ def test_the_serving_loop_never_sees_the_executors_requests(jvm: Jvm) -> None:
     prompt = model.encode("def unseen(a):\n    ")
     rid = ex.bind(prompt, len(prompt) + 4)
     try:
-        assert model.server.num_running == 0 and model.server.num_waiting == 0
+        assert model.serving_loop.num_running == 0 and model.serving_loop.num_waiting == 0
         logits = ex.prefill(rid, prompt, ex.prefixLen(rid))
         assert list(logits.shape()) == [1, model.config.vocab_size]
         # generate meanwhile: its output is its solo output, and it leaves the request alone
@@ -106,7 +106,7 @@ def test_a_step_call_waits_for_the_serving_loops_step(jvm: Jvm) -> None:
     runs."""
     model, ex = jvm.model, jvm.model_adapter.executor()
     prompt = model.encode("def waits():\n    ")
-    server = model.server
+    server = model.serving_loop
     inside, release, done = threading.Event(), threading.Event(), threading.Event()
     result: list[int] = []
 

@@ -43,7 +43,7 @@ def ids(jvm: Jvm) -> Any:
 
 
 def assert_nothing_queued(jvm: Jvm) -> None:
-    server = jvm.model.server
+    server = jvm.model.serving_loop
     assert server.num_waiting == 0 and server.num_running == 0
     assert jvm.model.pool.bound_request_count == 0
     jvm.model.pool.check_invariants()

@@ -160,7 +160,7 @@ def as_text(value: Any) -> str:
 
 
 def assert_nothing_queued(jvm: Jvm) -> None:
-    server = jvm.model.server
+    server = jvm.model.serving_loop
     assert server.num_waiting == 0 and server.num_running == 0
     assert jvm.model.pool.bound_request_count == 0
     jvm.model.pool.check_invariants()

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import torch
 
-from smile_llm.models.config import ModelConfig
-from smile_llm.models.hybrid_layout import expected_hybrid_tensors
+from smile_llm.models.checkpoint.config import ModelConfig
+from smile_llm.models.checkpoint.hybrid_layout import expected_hybrid_tensors
 
 from tests.hf_zoo import HFModel
 

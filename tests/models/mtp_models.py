@@ -21,7 +21,7 @@ import torch
 from smile_llm.attention.backend import select_backend
 from smile_llm.cache import KvCacheLayout, KvCachePool
 from smile_llm.language_model import LanguageModel
-from smile_llm.models.config import ModelConfig
+from smile_llm.models.checkpoint.config import ModelConfig
 from smile_llm.models.transformer import Transformer
 
 from tests.hf_zoo import randomize as randomize_weights

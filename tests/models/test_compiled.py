@@ -96,7 +96,9 @@ def test_shipped_models_compiled_equal_eager_plain_and_speculative(kind):
         # dense: one token or more; hybrid: times one row or more (the gated attention's sliced q/k)
         assert transformer.compiled.variants <= (2 if kind == "dense" else 4)
         stats = compiled.compile_stats
-        assert stats["compiled"] and stats["compiled_variants"] >= 2 and stats["compile_seconds"] > 0
+        assert stats["compiled"] and stats["compiled_variants"] >= 2
+        # the seconds are this model's: zero when an earlier model of this structure in the process made the variants
+        assert (stats["compile_seconds"] > 0) == (transformer.compiled.stats.variants > 0)
     finally:
         eager.close()
         compiled.close()

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from smile_llm.language_model import LanguageModel
-from smile_llm.models.config import ModelConfig
+from smile_llm.models.checkpoint.config import ModelConfig
 from smile_llm.models.transformer import Transformer
-from smile_llm.models.config import RopeScaling
-from smile_llm.models.tokenizer import ByteTokenizer, HFTokenizer, StreamDecoder, load_tokenizer
+from smile_llm.models.checkpoint.config import RopeScaling
+from smile_llm.text.tokenizer import ByteTokenizer, HFTokenizer, StreamDecoder, load_tokenizer
 
 from tests.hf_zoo import LONG_PROMPT, PROMPT, assert_clean, build_tokenizer, max_abs
 

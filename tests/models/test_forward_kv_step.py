@@ -13,7 +13,7 @@ import torch
 
 from smile_llm.attention.backend import select_backend
 from smile_llm.cache import KvCachePool
-from smile_llm.models.config import ModelConfig
+from smile_llm.models.checkpoint.config import ModelConfig
 from smile_llm.models.transformer import Transformer
 
 CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 97, "hidden_size": 32,

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from smile_llm.serving import model_runner as decoder
-from smile_llm.models.tokenizer import HFTokenizer
+from smile_llm.text.tokenizer import HFTokenizer
 
 from tests.hf_zoo import FAMILIES, GEN_LEN, LONG_PROMPT, PROMPT, assert_clean, expected_greedy, max_abs
 

@@ -8,10 +8,10 @@ import re
 import pytest
 import torch
 
-from smile_llm.models.config import ModelConfig
-from smile_llm.models.config_hybrid import LinearAttentionConfig, MoeConfig
-from smile_llm.models.hybrid_layout import check_hybrid_checkpoint, expected_hybrid_tensors, to_module_names
-from smile_llm.models.weights import checkpoint_shapes
+from smile_llm.models.checkpoint.config import ModelConfig
+from smile_llm.models.checkpoint.hybrid_config import LinearAttentionConfig, MoeConfig
+from smile_llm.models.checkpoint.hybrid_layout import check_hybrid_checkpoint, expected_hybrid_tensors, to_module_names
+from smile_llm.models.checkpoint.weights import checkpoint_shapes
 
 from tests.models.hybrid_models import HYBRID_PROMPT, hybrid_hf_config, hybrid_zoo, make_multimodal  # noqa: F401 (fixture)
 

@@ -223,7 +223,7 @@ def test_speculative_decoding_rewinds_the_state_to_the_last_kept_position(lm, hf
     batch = spec.generate_batch(PROMPTS, 24)
     assert [(c.tokens, c.finish_reason) for c in batch] == want
     assert_clean(spec)
-    spec.server.shutdown()
+    spec.serving_loop.shutdown()
 
 
 def test_the_mtp_head_speculates_losslessly(hf):

@@ -126,7 +126,7 @@ def test_speculative_rounds_keep_snapshots_from_their_accepted_windows(hf):
         got = lm.generate(follow, 5)
         assert got.stats["cached_tokens"] == floor_page(len(prompt) + len(out.tokens) - 1)
         assert (got.tokens, got.finish_reason) == expected_greedy(hf, follow, 5)
-        spec.server.shutdown()
+        spec.serving_loop.shutdown()
         lm.pool.check_invariants()
     finally:
         lm.close()

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from smile_llm.models.config import ModelConfig, RopeScaling
+from smile_llm.models.checkpoint.config import ModelConfig, RopeScaling
 from smile_llm.models.forward_context import RopeTable
 from smile_llm.models.gated_attention import GatedAttention
 from smile_llm.models.layers import Attention, rope_inv_freq

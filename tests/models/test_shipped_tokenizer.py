@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from smile_llm.language_model import LanguageModel
-from smile_llm.models.chat_template import ChatTemplate
+from smile_llm.text.chat_template import ChatTemplate
 from smile_llm.models.shipped import DEFAULT_DRAFT_DIR, DEFAULT_MODEL_DIRS
-from smile_llm.models.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from smile_llm.text.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 FOLDERS = [DEFAULT_MODEL_DIRS["dense"], DEFAULT_MODEL_DIRS["hybrid"], DEFAULT_DRAFT_DIR]

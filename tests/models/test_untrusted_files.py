@@ -23,17 +23,17 @@ import torch
 
 import smile_llm.language_model as language_model
 from smile_llm.language_model import LanguageModel
-from smile_llm.models.config import ModelConfig
+from smile_llm.models.checkpoint.config import ModelConfig
 from smile_llm.models.transformer import Transformer
-from smile_llm.models.chat_template import ChatTemplate, check_template_kwargs
-from smile_llm.models.chat_limits import RenderLimits
-from smile_llm.models.checkpoint_checks import check_checkpoint, expected_dense_tensors
+from smile_llm.text.chat_template import ChatTemplate, check_template_kwargs
+from smile_llm.text.limits import RenderLimits
+from smile_llm.models.checkpoint.checks import check_checkpoint, expected_dense_tensors
 from smile_llm.errors import (ChatTemplateError, CheckpointError, ConfigError, ModelFileError,
                                     RenderBudgetError, TokenizerError)
-from smile_llm.models.hybrid_layout import expected_hybrid_tensors
+from smile_llm.models.checkpoint.hybrid_layout import expected_hybrid_tensors
 from smile_llm import RequestTypeError
-from smile_llm.models.tokenizer import load_tokenizer
-from smile_llm.models.weights import checkpoint_shapes, read_checkpoint
+from smile_llm.text.tokenizer import load_tokenizer
+from smile_llm.models.checkpoint.weights import checkpoint_shapes, read_checkpoint
 
 CONFIG: dict[str, Any] = {"model_type": "qwen3", "vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
                           "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
@@ -630,10 +630,10 @@ def test_long_renders_stop_at_the_deadline(source: str) -> None:
 
 
 def test_the_default_limits_are_the_documented_constants() -> None:
-    """Templates get ``chat_limits``' constants unless told otherwise, and those stop ``range(10**9)`` and
+    """Templates get ``text.limits``' constants unless told otherwise, and those stop ``range(10**9)`` and
     ``'x' * 10**10`` at once (the deadline itself is exercised with small limits above)."""
     pytest.importorskip("jinja2")
-    from smile_llm.models import chat_limits
+    from smile_llm.text import limits as chat_limits
 
     assert ChatTemplate("x").limits == RenderLimits(chat_limits.MAX_RENDER_SECONDS, chat_limits.MAX_RENDER_CHARS,
                                                     chat_limits.MAX_RANGE, chat_limits.MAX_CALL_DEPTH)

@@ -134,10 +134,10 @@ def test_a_batch_of_rows_with_different_settings_chooses_as_each_row_alone(lm) -
     """The choice is batched across rows (one pass per processor, one softmax per warper group): each row of a
     mixed batch draws exactly what it draws alone."""
     prompts = ["import os\n", "def main(argv):\n", "class Parser:\n", "for line in f:\n", "return self.\n"]
-    steps = lm.server.steps
+    steps = lm.serving_loop.steps
     handles = [lm.submit(p, SamplingParams(24, speculative_tokens=0, **o)) for p, o in zip(prompts, MIXED)]
     together = [h.result() for h in handles]
-    assert lm.server.steps - steps <= 26  # every row in the same steps: one prefill step, then one per token
+    assert lm.serving_loop.steps - steps <= 26  # every row in the same steps: one prefill step, then one per token
     for p, o, got in zip(prompts, MIXED, together):
         alone = lm.generate(p, 24, speculative_tokens=0, **o)
         assert got.tokens == alone.tokens

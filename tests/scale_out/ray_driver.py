@@ -27,7 +27,7 @@ def handle(command: dict[str, Any]) -> Any:
     op = command["op"]
     if op == "run":
         from smile_llm.server.model_options import ModelOptions
-        from smile_llm.server.ray_app import application
+        from smile_llm.server.replicas.ray_app import application
         from smile_llm.server.settings import ServerSettings
 
         serve.run(application(ModelOptions(**command["options"]), ServerSettings(**command["settings"]),

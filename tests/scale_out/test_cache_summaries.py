@@ -11,7 +11,7 @@ import pytest
 
 from smile_llm.cache.prefix_hash import page_hashes
 from smile_llm.cache.radix import RadixCache
-from smile_llm.server.cache_summaries import CacheSummaries, CacheSummary, rank_replicas
+from smile_llm.server.replicas.cache_summaries import CacheSummaries, CacheSummary, rank_replicas
 
 PS = 4
 

@@ -16,9 +16,9 @@ import pytest
 
 ray_exceptions = pytest.importorskip("ray.exceptions", reason="needs the ray extra")
 
-from smile_llm.server.cache_summaries import CacheSummary, board  # noqa: E402
+from smile_llm.server.replicas.cache_summaries import CacheSummary, board  # noqa: E402
 from smile_llm.server.model_options import ModelOptions  # noqa: E402
-from smile_llm.server.proxied import HEARTBEAT, ProxiedRequest, ResponseHead  # noqa: E402
+from smile_llm.server.replicas.proxied import HEARTBEAT, ProxiedRequest, ResponseHead  # noqa: E402
 from smile_llm.server.settings import ServerSettings  # noqa: E402
 
 JSON = [(b"content-type", b"application/json")]
@@ -69,7 +69,7 @@ class Replicas:
 def client(replicas: Replicas, **kw: Any) -> httpx.AsyncClient:
     from starlette.requests import Request
 
-    from smile_llm.server.ingress import Ingress
+    from smile_llm.server.replicas.ingress import Ingress
 
     ingress = Ingress(replicas, ModelOptions(), ServerSettings(**kw.pop("settings", {})), **kw)
 
@@ -165,7 +165,7 @@ def test_the_summary_ending_an_answer_reaches_the_board() -> None:
 
 
 def test_a_client_that_leaves_cancels_the_replicas_work() -> None:
-    from smile_llm.server.ingress import Ingress
+    from smile_llm.server.replicas.ingress import Ingress
 
     answer = Answer([b"more", HEARTBEAT, ("sleep", 30.0)])
     ingress = Ingress(Replicas(), ModelOptions(), ServerSettings())

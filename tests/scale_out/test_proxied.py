@@ -18,7 +18,7 @@ pytest.importorskip("fastapi")
 
 from smile_llm import LanguageModel  # noqa: E402
 from smile_llm.server import ServerSettings, create_app  # noqa: E402
-from smile_llm.server.proxied import HEARTBEAT, ProxiedRequest, ResponseHead, call_app  # noqa: E402
+from smile_llm.server.replicas.proxied import HEARTBEAT, ProxiedRequest, ResponseHead, call_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")

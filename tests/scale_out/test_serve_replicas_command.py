@@ -93,7 +93,7 @@ def test_sigterm_while_the_replicas_start_exits_zero() -> None:
 def test_the_serve_run_config_deploys(tmp_path: Path) -> None:
     from ray.serve.schema import ServeDeploySchema
 
-    from smile_llm.server.ray_app import APP_ARGS, MODEL_ARGS, SETTINGS_ARGS
+    from smile_llm.server.replicas.ray_app import APP_ARGS, MODEL_ARGS, SETTINGS_ARGS
 
     config = yaml.safe_load(CONFIG.read_text())
     ServeDeploySchema.model_validate(config)  # Ray Serve's own check of the file

@@ -74,7 +74,7 @@ def keyed(chat_model: LanguageModel) -> Iterator[LiveServer]:
 def wait_unbound(model: LanguageModel, timeout: float = 10.0) -> None:
     """Wait until no request is bound in the model's pool (bounded)."""
     deadline = time.monotonic() + timeout
-    while model.pool.bound_request_count or model.server.num_running or model.server.num_waiting:
+    while model.pool.bound_request_count or model.serving_loop.num_running or model.serving_loop.num_waiting:
         if time.monotonic() > deadline:
             raise AssertionError(f"requests still bound after {timeout} s: {model.pool.bound_request_count}")
         time.sleep(0.01)

@@ -171,7 +171,7 @@ def test_a_client_leaving_a_plain_request_cancels_it(live: LiveServer, chat_mode
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         deadline = time.monotonic() + 30
-        while chat_model.server.num_running < 4:  # the samples run
+        while chat_model.serving_loop.num_running < 4:  # the samples run
             assert time.monotonic() < deadline, "the request never ran"
             time.sleep(0.01)
     wait_unbound(chat_model, timeout=10)  # closed: cancelled within a step, its pages released
@@ -202,7 +202,7 @@ def test_a_left_stream_counts_the_tokens_it_was_sent(live: LiveServer, chat_mode
 
 
 def test_hostile_renders_end_within_the_budget_while_the_server_answers(tmp_path: Path) -> None:
-    from smile_llm.models.chat_limits import MAX_RENDER_SECONDS
+    from smile_llm.text.limits import MAX_RENDER_SECONDS
     from smile_llm.models.shipped import DEFAULT_MODEL_DIRS
 
     folder = tmp_path / "model"

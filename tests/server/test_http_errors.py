@@ -49,6 +49,9 @@ def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
     ({"messages": [{"content": "no role"}]}, "messages.0.role", "required"),
     ({"messages": MSG, "stop": 5}, "stop", "string"),
     ({"messages": MSG, "logit_bias": {"x": 1}}, "logit_bias", "token ids"),
+    ({"messages": MSG, "logit_bias": {"5": 500}}, "logit_bias", "logit_bias[5] must be a number"),
+    ({"messages": MSG, "logit_bias": {"100000": 1}}, "logit_bias", "outside the vocabulary"),
+    ({"messages": MSG, "seed": 10**30}, "seed", "seed must be in"),
     ({"messages": MSG, "response_format": {"type": "json_schema"}}, "response_format", "schema"),
     ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "nope"}}}}, "json_schema", "refused"),
@@ -77,7 +80,25 @@ def test_huge_body_and_prompt_are_413(live: LiveServer, chat_model: LanguageMode
     error_of(post(live, CHAT, b'{"messages": "' + b"x" * (5 << 20) + b'"}'), 413)
     err = error_of(post(live, "/v1/completions", {"prompt": "word " * 500, "max_tokens": 2}), 413)
     assert err["param"] == "prompt" and "context" in err["message"]
+    long = [{"role": "user", "content": "word " * 500}]
+    err = error_of(post(live, CHAT, {"messages": long, "max_tokens": 2}), 413)
+    assert err["param"] == "messages" and "over the model's context of" in err["message"]
     wait_unbound(chat_model)
+
+
+def test_an_error_without_a_field_is_a_logged_500_never_a_guessed_400(
+        live: LiveServer, chat_model: LanguageModel, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A ValueError from deep inside the model names no request field: the server's own failure, logged with its
+    traceback, not a 400 whose ``param`` is the message's first word."""
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("top_k of an internal table went wrong")
+
+    monkeypatch.setattr(chat_model, "submit_samples", broken)
+    with caplog.at_level("ERROR", logger="smile_llm.server"):
+        err = error_of(post(live, CHAT, {"messages": MSG, "max_tokens": 2}), 500)
+    assert err["param"] is None and "ValueError: top_k of an internal table" in err["message"]
+    assert any(r.exc_info and "a request failed" in r.getMessage() for r in caplog.records)
 
 
 def test_unicode_edges(live: LiveServer) -> None:

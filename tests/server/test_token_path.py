@@ -33,9 +33,9 @@ def consume(model: LanguageModel, params: SamplingParams, count: int, streamed: 
         await gen.results()
         return gen, batches
 
-    steps = model.server.steps
+    steps = model.serving_loop.steps
     gen, batches = asyncio.run(run())
-    return gen, batches, model.server.steps - steps
+    return gen, batches, model.serving_loop.steps - steps
 
 
 @pytest.mark.parametrize("speculative", [0, None])

@@ -34,7 +34,7 @@ def assert_no_leak(lm: LanguageModel) -> None:
     assert lm.drafter is not None and lm.drafter.pool.bound_request_count == 0
     lm.drafter.pool.check_invariants()
     assert pool.free_pages + pool.radix.total_size() // pool.page_size == pool.num_slots // pool.page_size
-    assert lm.server.num_running == 0 and lm.server.num_waiting == 0
+    assert lm.serving_loop.num_running == 0 and lm.serving_loop.num_waiting == 0
 
 
 def run_threads(fn, n: int) -> list:
@@ -58,13 +58,13 @@ def run_threads(fn, n: int) -> list:
 
 @pytest.mark.parametrize("spec", [None, 0])
 def test_sixteen_threads_get_their_solo_output_batched_together(lm, solo, spec):
-    steps_before = lm.server.steps
+    steps_before = lm.serving_loop.steps
     results = run_threads(lambda i: lm.generate(PROMPTS[i], NEW, speculative_tokens=spec), len(PROMPTS))
     for i, (c, err) in enumerate(results):
         assert err is None, err
         assert c.tokens == solo[i], f"caller {i} differs from its solo output"
     # batched: far fewer steps than 16 callers one after another (each needs about NEW / accepted-per-round steps)
-    assert lm.server.steps - steps_before < len(PROMPTS) * NEW / 2
+    assert lm.serving_loop.steps - steps_before < len(PROMPTS) * NEW / 2
     assert_no_leak(lm)
 
 
@@ -129,7 +129,7 @@ def test_cancel_from_another_thread_releases_at_once(lm, solo):
         assert started.wait(60)
         assert long.cancel() is True
         assert long.done() and isinstance(long.exception(0), GenerationCancelled)
-        assert not lm.server.scheduler.holds(long)  # gone from the scheduler when cancel returned
+        assert not lm.serving_loop.scheduler.holds(long)  # gone from the scheduler when cancel returned
         assert long.cancel() is False
         assert other.result(120).tokens == solo[1]
     assert_no_leak(lm)
@@ -168,7 +168,7 @@ def test_cancel_and_shutdown_from_a_listener(lm, solo):
     assert isinstance(late.exception(60), GenerationCancelled)
     with pytest.raises(EngineShutdownError):
         engine.submit("abc")
-    assert not lm.server.engine_attached
+    assert not lm.serving_loop.engine_attached
     assert_no_leak(lm)
 
 
@@ -220,8 +220,8 @@ def test_preemption_under_a_small_pool_gives_the_unconstrained_output():
         expected = [small.generate(p, 150).tokens for p in prompts]
         results = run_threads(lambda i: small.generate(prompts[i], 150), len(prompts))
         assert [c.tokens for c, _ in results] == expected
-        assert small.server.scheduler.preemptions > 0
-        assert sum(c.stats["preemptions"] for c, _ in results) == small.server.scheduler.preemptions
+        assert small.serving_loop.scheduler.preemptions > 0
+        assert sum(c.stats["preemptions"] for c, _ in results) == small.serving_loop.scheduler.preemptions
         small.pool.check_invariants()
         assert small.pool.bound_request_count == 0
     finally:
@@ -238,7 +238,7 @@ def test_close_while_serving_ends_every_request_and_the_loop():
         err = h.exception(30)
         assert err is None or isinstance(err, (EngineShutdownError, GenerationCancelled))
     assert any(h.exception(0) is not None for h in handles)
-    assert not model.server.thread_alive
+    assert not model.serving_loop.thread_alive
     with pytest.raises(RuntimeError):
         model.generate("abc", 3)
 
@@ -252,7 +252,7 @@ def test_a_single_caller_runs_every_step_on_its_own_thread(lm, solo):
 
     assert lm.generate(PROMPTS[0], NEW, listener=Where()).tokens == solo[0]
     assert threads == {threading.get_ident()}  # no hop to a serving thread
-    assert not lm.server.thread_alive
+    assert not lm.serving_loop.thread_alive
 
 
 def test_serve_until_idle_finishes_requests_nobody_waits_on_then_stops(lm, solo):
@@ -267,15 +267,15 @@ def test_serve_until_idle_finishes_requests_nobody_waits_on_then_stops(lm, solo)
     handles = [lm.submit(p, SamplingParams(NEW)) for p in PROMPTS[:3]]
     for h in handles:
         h.add_done_callback(settled)
-    lm.server.serve_until_idle()
+    lm.serving_loop.serve_until_idle()
     assert done.wait(60), "requests nobody waited on did not finish"
     assert sorted(outcomes) == [(h.request_number, True, None) for h in handles]
     assert [h.result(0).tokens for h in handles] == solo[:3]
     for _ in range(200):  # the driver stops once idle
-        if not lm.server.thread_alive:
+        if not lm.serving_loop.thread_alive:
             break
         time.sleep(0.01)
-    assert not lm.server.thread_alive
+    assert not lm.serving_loop.thread_alive
     assert_no_leak(lm)
 
 
@@ -294,24 +294,24 @@ def test_cancelling_a_queued_request_settles_it_outside_the_server_lock(lm):
     seen: list = []
     handle = lm.submit(PROMPTS[2], SamplingParams(NEW))
     # the callback takes the server's intake lock: it would deadlock if run while cancel held it
-    handle.add_done_callback(lambda h: seen.append((lm.server.num_waiting, type(h.exception(0)).__name__)))
+    handle.add_done_callback(lambda h: seen.append((lm.serving_loop.num_waiting, type(h.exception(0)).__name__)))
     assert handle.cancel()
     assert seen == [(0, "GenerationCancelled")]
     assert_no_leak(lm)
 
 
 def test_an_engine_keeps_a_driver_started_by_serve_until_idle(lm, solo):
-    lm.server.serve_until_idle()  # nothing queued: it stops at once, or is still alive when the engine attaches
+    lm.serving_loop.serve_until_idle()  # nothing queued: it stops at once, or is still alive when the engine attaches
     with InferenceEngine(lm, 2) as engine:
         time.sleep(0.05)
-        assert lm.server.thread_alive  # the engine's driver does not stop when idle
+        assert lm.serving_loop.thread_alive  # the engine's driver does not stop when idle
         handle = engine.submit(PROMPTS[3], SamplingParams(NEW))
         assert handle.result(60).tokens == solo[3]
     assert_no_leak(lm)
 
 
 def test_run_between_steps_runs_while_no_step_does(lm, solo):
-    server = lm.server
+    server = lm.serving_loop
     assert server.run_between_steps(lambda: 42) == 42
     outside: list[bool] = []
     handle = lm.submit(PROMPTS[4], SamplingParams(max_new_tokens=NEW))

@@ -16,7 +16,7 @@ import torch
 
 from smile_llm.attention.flashinfer import FlashInferBackend
 from smile_llm.cache import KvCachePool
-from smile_llm.models.config import ModelConfig
+from smile_llm.models.checkpoint.config import ModelConfig
 from smile_llm.models.transformer import Transformer
 from smile_llm.serving.cuda_graphs import WARMUP_STEPS, DecodeGraphRunner, VerifyGraphRunner
 

@@ -20,7 +20,7 @@ import torch
 from smile_llm.attention.flashinfer import flashinfer_available
 from smile_llm.cache import KvCachePool
 from smile_llm.language_model import LanguageModel
-from smile_llm.models.config import ModelConfig
+from smile_llm.models.checkpoint.config import ModelConfig
 from smile_llm.models.transformer import Transformer
 
 pytestmark = [

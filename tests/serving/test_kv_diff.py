@@ -26,7 +26,7 @@ def lm():
 
 
 def test_warm_and_cold_agree_on_the_shipped_model(lm: LanguageModel) -> None:
-    hook = lm.server.scheduler.kv_end_hook
+    hook = lm.serving_loop.scheduler.kv_end_hook
     report = kv_diff(lm, PROMPT, PREFIX_TEXT)
     assert report.agree, report.describe()
     assert report.warm.matched_len == 32 and report.cold.matched_len == 0
@@ -37,11 +37,11 @@ def test_warm_and_cold_agree_on_the_shipped_model(lm: LanguageModel) -> None:
     assert 0.0 <= report.comparison.worst_ratio <= 1.0
     assert "agree" in report.describe()
     # kv_diff leaves the model as it found it
-    assert lm.pool.prefix_reuse_enabled and lm.server.scheduler.kv_end_hook is hook
+    assert lm.pool.prefix_reuse_enabled and lm.serving_loop.scheduler.kv_end_hook is hook
     assert lm.pool.bound_request_count == 0
     lm.pool.check_invariants()
     # without --prefix the prompt caches itself; a ServingLoop works as well as the model
-    again = kv_diff(lm.server, PROMPT)
+    again = kv_diff(lm.serving_loop, PROMPT)
     assert again.agree and again.warm.matched_len == (len(lm.encode(PROMPT)) - 1) // 16 * 16
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from smile_llm.language_model import LanguageModel
 from smile_llm.serving.model_runner import PADDING_FREE, PADDING_WASTE, PREFILL_CHUNK, ModelRunner
-from smile_llm.serving.sequence import Sequence
+from smile_llm.serving.request_row import RequestRow
 from smile_llm.serving.request import RequestHandle, SamplingParams
 
 from tests.hf_zoo import LONG_PROMPT, assert_clean, expected_greedy
@@ -93,12 +93,13 @@ def test_speculative_rows_after_a_batched_prefill_stay_lossless(monkeypatch):
     assert lm.drafter is not None and lm.drafter.pool.bound_request_count == 0
 
 
-def bound_sequences(lm: LanguageModel, prompts: list[list[int]], capacity_extra: int) -> list[Sequence]:
+def bound_sequences(lm: LanguageModel, prompts: list[list[int]], capacity_extra: int) -> list[RequestRow]:
     seqs = []
     for ids in prompts:
         rid = lm.pool.bind_request(ids, len(ids) + capacity_extra)
         request = lm.request(ids, SamplingParams(max_new_tokens=capacity_extra))
-        seqs.append(lm.serving_context.sequence(RequestHandle(1, request, lm.server), rid, lm.pool.matched_prefix_len(rid), len(ids) + capacity_extra))
+        handle = RequestHandle(1, request, lm.serving_loop)
+        seqs.append(lm.serving_context.row(handle, rid, lm.pool.matched_prefix_len(rid), len(ids) + capacity_extra))
     return seqs
 
 

@@ -26,7 +26,7 @@ def lm():
 
 def assert_nothing_bound(lm: LanguageModel) -> None:
     assert lm.pool.bound_request_count == 0
-    assert lm.server.num_running == 0 and lm.server.num_waiting == 0
+    assert lm.serving_loop.num_running == 0 and lm.serving_loop.num_waiting == 0
 
 
 # ---------------------------------------------------------------------------------------------- keywords

@@ -41,7 +41,7 @@ def assert_released(lm: LanguageModel, pins: int = 0) -> None:
     pool = lm.pool
     pool.check_invariants()
     assert pool.bound_request_count == pins
-    assert lm.server.num_running == 0 and lm.server.num_waiting == 0
+    assert lm.serving_loop.num_running == 0 and lm.serving_loop.num_waiting == 0
     if pins == 0:
         assert lm.drafter is not None and lm.drafter.pool.bound_request_count == 0
         assert pool.free_pages + pool.radix.total_size() // pool.page_size == pool.num_slots // pool.page_size
@@ -151,7 +151,7 @@ def test_spliced_keys_equal_the_keys_the_model_computes_for_the_segment_at_that_
                 pool.unbind_request(rid)
                 pool.unbind_request(direct_id)
 
-        spliced, direct = lm.server.run_between_steps(body)
+        spliced, direct = lm.serving_loop.run_between_steps(body)
         for layer, (s, d) in enumerate(zip(spliced, direct)):
             err = float((s - d).abs().max() / d.abs().max())
             assert err < 5e-5, (offset, layer, err)  # measured at most 6e-6

@@ -49,7 +49,7 @@ def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
 def assert_released(lm: LanguageModel) -> None:
     lm.pool.check_invariants()
     assert lm.pool.bound_request_count == 0
-    assert lm.server.num_running == 0 and lm.server.num_waiting == 0
+    assert lm.serving_loop.num_running == 0 and lm.serving_loop.num_waiting == 0
 
 
 def consume_in_thread(iterate: Callable[[], list]) -> tuple[threading.Thread, list, list]:
@@ -77,7 +77,7 @@ def test_a_stream_finishes_after_the_engine_that_drove_it_shuts_down(lm, solo, h
     engine = InferenceEngine(lm, max_batch_size=1)
     hog = engine.submit(HOG, SamplingParams(max_new_tokens=32, speculative_tokens=0))
     thread, got, errors = consume_in_thread(lambda: list(lm.stream(PROMPT, NEW, speculative_tokens=0)))
-    assert wait_for(lambda: lm.server.num_waiting >= 1 or bool(got))  # the stream's request is queued
+    assert wait_for(lambda: lm.serving_loop.num_waiting >= 1 or bool(got))  # the stream's request is queued
     engine.shutdown(**how)
     thread.join(JOIN_S)
     assert not thread.is_alive(), "the stream never ended after the engine shut down"
@@ -85,7 +85,7 @@ def test_a_stream_finishes_after_the_engine_that_drove_it_shuts_down(lm, solo, h
     assert "".join(c.text for c in got) == solo
     outcome = hog.exception(JOIN_S)
     assert isinstance(outcome, GenerationCancelled) if how.get("cancel_pending") else outcome is None
-    assert wait_for(lambda: not lm.server.thread_alive)  # the driver that took over stops once idle
+    assert wait_for(lambda: not lm.serving_loop.thread_alive)  # the driver that took over stops once idle
     assert_released(lm)
 
 
@@ -97,12 +97,12 @@ def test_an_async_stream_finishes_after_the_engine_shuts_down(lm, solo):
         return [c async for c in lm.astream(PROMPT, NEW, speculative_tokens=0)]
 
     thread, got, errors = consume_in_thread(lambda: asyncio.run(collect()))
-    assert wait_for(lambda: lm.server.num_waiting >= 1 or bool(got))
+    assert wait_for(lambda: lm.serving_loop.num_waiting >= 1 or bool(got))
     engine.shutdown(cancel_pending=True)
     thread.join(JOIN_S)
     assert not thread.is_alive(), "the async stream never ended after the engine shut down"
     assert not errors and "".join(c.text for c in got) == solo
-    assert wait_for(lambda: not lm.server.thread_alive)
+    assert wait_for(lambda: not lm.serving_loop.thread_alive)
     assert_released(lm)
 
 
@@ -134,8 +134,8 @@ def test_a_stream_finishes_after_an_engine_shutdown_from_a_listener(lm, solo):
     thread.join(JOIN_S)
     assert not thread.is_alive() and not errors
     assert first.text + "".join(c.text for c in rest) == solo
-    assert own.exception(JOIN_S) is None and not lm.server.engine_attached
-    assert wait_for(lambda: not lm.server.thread_alive)
+    assert own.exception(JOIN_S) is None and not lm.serving_loop.engine_attached
+    assert wait_for(lambda: not lm.serving_loop.thread_alive)
     assert_released(lm)
 
 

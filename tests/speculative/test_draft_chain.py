@@ -13,7 +13,7 @@ from smile_llm.attention.backend import select_backend
 from smile_llm.attention.flashinfer import flashinfer_available
 from smile_llm.cache import KvCachePool
 from smile_llm import DEFAULT_DRAFT_DIR, LanguageModel
-from smile_llm.models.config import ModelConfig
+from smile_llm.models.checkpoint.config import ModelConfig
 from smile_llm.models.transformer import Transformer
 from smile_llm.speculative.draft_chain import DraftChain
 

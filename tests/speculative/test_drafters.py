@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 
 from smile_llm.serving.completion import Completion
 from smile_llm.language_model import LanguageModel
-from smile_llm.models.config import MAX_SPECULATIVE_TOKENS
+from smile_llm.models.checkpoint.config import MAX_SPECULATIVE_TOKENS
 from smile_llm.speculative.draft_tree import TreeWalk
 from smile_llm.speculative.drafters import Drafter, MtpHistoryDrafter, NgramDrafter, find_ngram_match
-from smile_llm.serving.sequence import Sequence
+from smile_llm.serving.request_row import RequestRow
 from smile_llm.speculative.acceptance import RoundRecord
 
 from tests.hf_zoo import assert_clean
@@ -260,20 +260,20 @@ class ScriptedDrafter:
         self.bound = self.released = self.rounds = 0
         self.batches: list[int] = []
 
-    def bind(self, seq: Sequence, final_len: int) -> bool:
-        assert final_len == len(seq.prompt) + seq.limit
+    def bind(self, seq: RequestRow, final_len: int) -> bool:
+        assert final_len == len(seq.prompt) + seq.max_new_tokens
         self.covered[seq.request_id] = seq.matched
         seq.history = self
         self.bound += 1
         return True
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: RequestRow) -> None:
         if seq.history is self:
             del self.covered[seq.request_id]
             seq.history = None
             self.released += 1
 
-    def ready(self, seq: Sequence) -> bool:
+    def ready(self, seq: RequestRow) -> bool:
         if seq.history is not self:
             return False
         assert self.covered[seq.request_id] == seq.last_pos
@@ -282,7 +282,7 @@ class ScriptedDrafter:
     def max_batch(self, n: int) -> int:
         return 2
 
-    def propose(self, seqs: list[Sequence], n: int) -> tuple[torch.Tensor, None]:
+    def propose(self, seqs: list[RequestRow], n: int) -> tuple[torch.Tensor, None]:
         self.batches.append(len(seqs))
         rows = []
         for seq in seqs:
@@ -294,18 +294,18 @@ class ScriptedDrafter:
             rows.append(row)
         return torch.tensor(rows, dtype=torch.int64), None
 
-    def _report(self, seq: Sequence, start: int, rows: int) -> None:
+    def _report(self, seq: RequestRow, start: int, rows: int) -> None:
         if seq.history is self:
             assert start == self.covered[seq.request_id]
             self.covered[seq.request_id] = start + rows
 
-    def extend(self, seq: Sequence, hidden: torch.Tensor, start: int) -> None:
+    def extend(self, seq: RequestRow, hidden: torch.Tensor, start: int) -> None:
         self._report(seq, start, hidden.shape[0])
 
-    def absorb(self, seqs: list[Sequence]) -> None:
+    def absorb(self, seqs: list[RequestRow]) -> None:
         pass
 
-    def commit(self, seq: Sequence, hidden: torch.Tensor) -> None:
+    def commit(self, seq: RequestRow, hidden: torch.Tensor) -> None:
         self._report(seq, seq.last_pos, hidden.shape[0])
 
     def close(self) -> None:
@@ -332,7 +332,7 @@ def test_a_drafter_of_your_own_is_lossless(plain_lm, plain):
 
 
 class WrongShape(ScriptedDrafter):
-    def propose(self, seqs: list[Sequence], n: int) -> tuple[torch.Tensor, None]:
+    def propose(self, seqs: list[RequestRow], n: int) -> tuple[torch.Tensor, None]:
         return torch.zeros(len(seqs), n + 1, dtype=torch.int64), None
 
 
@@ -358,7 +358,7 @@ def test_bad_drafters_raise_value_error(plain_lm):
 
 
 class Raising(ScriptedDrafter):
-    def propose(self, seqs: list[Sequence], n: int) -> tuple[torch.Tensor, None]:
+    def propose(self, seqs: list[RequestRow], n: int) -> tuple[torch.Tensor, None]:
         if self.calls % 2 == 0:
             self.calls += 1
             raise RuntimeError("lookup service down")

@@ -824,7 +824,8 @@ def test_chunked_prefill_then_speculative_steps_match_plain(plain_default, chunk
     limit = 150
     rid = lm.pool.bind_request(ids, len(ids) + limit)
     request = lm.request(ids, SamplingParams(limit, speculative_tokens=2))
-    seq = lm.serving_context.sequence(RequestHandle(1, request, lm.server), rid, lm.pool.matched_prefix_len(rid), len(ids) + limit)
+    handle = RequestHandle(1, request, lm.serving_loop)
+    seq = lm.serving_context.row(handle, rid, lm.pool.matched_prefix_len(rid), len(ids) + limit)
     try:
         assert lm.drafter.bind(seq, len(ids) + limit)
         for i, size in enumerate(chunks):

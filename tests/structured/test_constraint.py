@@ -12,7 +12,7 @@ import torch
 
 from smile_llm import SamplingParams
 from smile_llm.errors import ConstraintError
-from smile_llm.models.tokenizer import ByteTokenizer
+from smile_llm.text.tokenizer import ByteTokenizer
 from smile_llm.sampling import constraint as C
 from smile_llm.sampling.grammar_compiler import CACHE_SIZE, GrammarCompiler
 from smile_llm.sampling.token_mask import mask_logits, mask_on_device, only_token

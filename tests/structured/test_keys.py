@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from smile_llm import LanguageModel
-from smile_llm.models.tokenizer import ByteTokenizer
+from smile_llm.text.tokenizer import ByteTokenizer
 from smile_llm.sampling.constraint import JSON_LAYOUT, closed_schema, constraint_of
 from smile_llm.sampling.grammar_compiler import GrammarCompiler
 from smile_llm.errors import GrammarLimitError

@@ -18,7 +18,7 @@ import pytest
 
 from smile_llm import LanguageModel, SamplingParams
 from smile_llm.errors import ConstraintError, GrammarError
-from smile_llm.models.tokenizer import ByteTokenizer
+from smile_llm.text.tokenizer import ByteTokenizer
 from smile_llm.sampling import compile_thread, grammar_limits as G, regex_limits as R, schema_limits as S
 from smile_llm.sampling.grammar_compiler import GrammarCompiler
 from smile_llm.errors import GrammarLimitError
@@ -62,7 +62,7 @@ CRASHERS = '''
 import json, sys
 from smile_llm import SamplingParams
 from smile_llm.errors import ConstraintError
-from smile_llm.models.tokenizer import ByteTokenizer
+from smile_llm.text.tokenizer import ByteTokenizer
 from smile_llm.sampling.grammar_compiler import GrammarCompiler
 from tests.structured.test_limits import lark_chain, pointer_chain, ref_chain
 comp = GrammarCompiler(ByteTokenizer(260, 256), 260, (256,))

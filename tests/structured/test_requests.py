@@ -26,7 +26,7 @@ from .test_validity import REGEX
 
 def assert_clean(model: LanguageModel) -> None:
     model.pool.check_invariants()
-    assert model.pool.bound_request_count == 0 and model.server.num_waiting == 0 and model.server.num_running == 0
+    assert model.pool.bound_request_count == 0 and model.serving_loop.num_waiting == 0 and model.serving_loop.num_running == 0
 
 
 @pytest.mark.parametrize("kw, field", [({"regex": "a("}, "regex"), ({"grammar": "start: nope"}, "grammar"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ...attention.backend import AttentionBackend
 from ...cache import KvCachePool
-from ...models.config import MAX_SPECULATIVE_TOKENS
+from ...models.checkpoint.config import MAX_SPECULATIVE_TOKENS
 from ...models.transformer import Transformer
 from .base import Drafter
 from .draft_model import DraftModelDrafter

@@ -45,7 +45,7 @@ import torch
 from ...attention.backend import companion_backend
 from ...cache import KvCacheExhaustedError
 from ...cache.layout import ceil_page
-from ...models.config import MAX_SPECULATIVE_TOKENS, ModelConfig
+from ...models.checkpoint.config import MAX_SPECULATIVE_TOKENS, ModelConfig
 from ..draft_chain import DraftChain
 from ..draft_tree import DraftTree
 from ..draft_row import DraftRow

@@ -29,7 +29,7 @@ _T = TypeVar("_T")
 
 
 class GuardedRow(DraftRow, Protocol):
-    """A row with the counters the guard keeps (the serving layer's ``Sequence``)."""
+    """A row with the counters the guard keeps (the serving layer's ``RequestRow``)."""
 
     draft_errors: int  # rounds or hooks the drafter failed for this row
     drafter_failed: bool  # a hook raised: the row decodes plainly from then on

@@ -19,7 +19,7 @@ import torch
 
 from ...attention.backend import AttentionBackend, companion_backend
 from ...cache import KvCachePool
-from ...models.config import MAX_SPECULATIVE_TOKENS
+from ...models.checkpoint.config import MAX_SPECULATIVE_TOKENS
 from ..draft_chain import DraftChain
 from ..draft_tree import DraftTree
 from ..draft_row import DraftRow

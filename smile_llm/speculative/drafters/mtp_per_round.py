@@ -15,7 +15,7 @@ import torch
 
 from ...attention.backend import AttentionBackend
 from ...cache import KvCacheLayout, KvCachePool
-from ...models.config import MAX_SPECULATIVE_TOKENS
+from ...models.checkpoint.config import MAX_SPECULATIVE_TOKENS
 from ..draft_row import DraftRow
 from ...models.transformer import Transformer
 from .mtp_base import MtpDrafterBase, MtpHistory

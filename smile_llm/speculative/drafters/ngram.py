@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...models.config import MAX_SPECULATIVE_TOKENS
+from ...models.checkpoint.config import MAX_SPECULATIVE_TOKENS
 from ..draft_tree import DraftTree
 from ..draft_row import DraftRow
 

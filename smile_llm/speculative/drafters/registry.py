@@ -23,7 +23,7 @@ import torch
 
 from ...attention.backend import AttentionBackend
 from ...cache import KvCachePool
-from ...models.config import ModelConfig
+from ...models.checkpoint.config import ModelConfig
 from ...models.transformer import Transformer
 
 if TYPE_CHECKING:

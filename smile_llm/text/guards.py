@@ -1,8 +1,8 @@
 """The checks that keep each single step of a chat-template render inside its budget, run by
-``chat_sandbox.BoundedSandbox`` before (and after) the step.
+``sandbox.BoundedSandbox`` before (and after) the step.
 
 Template code checks the deadline itself, and library code (filters, methods) runs under
-``chat_limits.RenderBudget.watch``, which stops its Python code at the deadline. What neither can
+``limits.RenderBudget.watch``, which stops its Python code at the deadline. What neither can
 stop is one call into C: a string method, a regex search, ``sorted``, ``sum``, ``json.dumps``, a
 comparison of two nested lists. Every such call is either linear in values of at most
 ``MAX_RENDER_CHARS`` (every value a template makes is measured by ``RenderBudget.made``, so no
@@ -39,7 +39,7 @@ from typing import Any
 import markupsafe
 from jinja2.filters import ignore_case, make_attrgetter, make_multi_attrgetter
 
-from .chat_limits import MAX_INT_BITS, RenderBudget
+from .limits import MAX_INT_BITS, RenderBudget
 from ..errors import RenderBudgetError
 
 # the cost model: seconds per unit of work on a slow core (measured, then doubled)

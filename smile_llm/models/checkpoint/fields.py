@@ -18,7 +18,7 @@ import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 MAX_LAYERS = 1024  # num_hidden_layers, mtp_num_hidden_layers (released models: at most ~128)
 MAX_HIDDEN_SIZE = 1 << 16  # hidden_size

@@ -27,7 +27,7 @@ from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
-from ..cache.prefix_hash import page_hashes
+from ...cache.prefix_hash import page_hashes
 from .cache_summaries import (CACHE_STAT, PENDING_TTL_S, CacheSummaries, CacheSummary, board,
                               rank_replicas)
 from .proxied import ProxiedRequest

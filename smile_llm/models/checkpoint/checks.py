@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .config import ModelConfig
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 from .hybrid_layout import check_hybrid_checkpoint
 from .weights import checkpoint_headers
 

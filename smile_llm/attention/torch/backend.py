@@ -5,13 +5,13 @@ What it computes is stated by ``reference.reference_paged_attention`` (plain, ob
 the tests' oracle) and docs/contract.md, "Paged attention"; this backend computes the same up to
 float rounding (fp32 accumulation, the output in q's dtype), fast. Its modules:
 
-- ``torch_plan``: ``plan`` once per forward: the gather indices and masks every layer shares, and
+- ``plan``: ``plan`` once per forward: the gather indices and masks every layer shares, and
   the path ``run`` takes (the tuning knobs live there);
-- ``torch_run``: ``run`` once per layer: the chunked online softmax (any device, soft cap, any
+- ``run``: ``run`` once per layer: the chunked online softmax (any device, soft cap, any
   mask);
-- ``torch_fused``: the paths that hand the work to torch's fused kernels (one chunk, a shared
+- ``fused``: the paths that hand the work to torch's fused kernels (one chunk, a shared
   prefix, causal windows, runs of consecutive slots read in place), merged by log-sum-exp;
-- ``torch_gather``: K/V rows of the paged cache gathered into fp32 workspaces kept on the plan.
+- ``gather``: K/V rows of the paged cache gathered into fp32 workspaces kept on the plan.
 
 This module holds the entry points, ``paged_attention`` (plan and run in one call) and
 ``TorchBackend`` (the ``AttentionBackend`` protocol), and the tensor checks they share.
@@ -23,9 +23,9 @@ from typing import Literal, overload
 
 import torch
 
-from ..cache.metadata import FlashInferKvMetadata
-from .torch_plan import AttentionPlan, IndptrLike, MaskLike, plan_attention
-from .torch_run import check_run, run_attention, run_checked
+from ...cache.metadata import FlashInferKvMetadata
+from .plan import AttentionPlan, IndptrLike, MaskLike, plan_attention
+from .run import check_run, run_attention, run_checked
 
 __all__ = ["TorchBackend", "paged_attention"]
 

@@ -19,12 +19,12 @@ from typing import Any
 
 from ray import serve
 
-from .app import create_app
+from ..app import create_app
 from .cache_summaries import CACHE_STAT, CacheSummary
-from .model_options import ModelOptions
+from ..model_options import ModelOptions
 from .proxied import ProxiedRequest, ResponseHead, call_app
 from .ray_metrics import RayMetrics
-from .settings import ServerSettings
+from ..settings import ServerSettings
 
 REPLICA_HEADER = b"x-smile-llm-replica"  # names the replica that answered (its Ray Serve id)
 MAX_PARTIAL_HASHES = 4096  # the most page hashes a response's summary carries
@@ -84,7 +84,7 @@ class ModelReplica:
     def check_health(self) -> None:
         """Ray Serve's health check: raises (and the replica is restarted) when the serving loop
         has shut down (its model was closed) or a tensor-parallel rank has ended."""
-        if self.model.server.closed:
+        if self.model.serving_loop.closed:
             raise RuntimeError("the serving loop has shut down")
         if self.ranks is not None:
             import ray

@@ -20,9 +20,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .chat_limits import RenderLimits
-from ..errors import ChatTemplateError, RenderBudgetError, RequestTypeError
-from .json_file import read_json
+from .limits import RenderLimits
+from ..errors import ChatTemplateError, RenderBudgetError, RequestError, RequestTypeError
+from ..json_file import read_json
 
 TEMPLATE_FILE = "chat_template.jinja"
 CONFIG_FILE = "tokenizer_config.json"
@@ -38,8 +38,8 @@ MAX_TEMPLATE_BYTES = 256 << 10
 
 class ChatTemplate:
     """One compiled chat template (``source``) with the tokenizer's special tokens (``special``),
-    rendered in a ``chat_sandbox.BoundedSandbox`` under ``limits`` (default: ``MAX_RENDER_SECONDS``,
-    ``MAX_RENDER_CHARS``, ``MAX_RANGE``, ``MAX_CALL_DEPTH`` of ``chat_limits``). ChatTemplateError
+    rendered in a ``sandbox.BoundedSandbox`` under ``limits`` (default: ``MAX_RENDER_SECONDS``,
+    ``MAX_RENDER_CHARS``, ``MAX_RANGE``, ``MAX_CALL_DEPTH`` of ``limits``). ChatTemplateError
     (a ValueError) naming ``origin`` when it does not compile."""
 
     def __init__(self, source: str, special: Mapping[str, str] | None = None,
@@ -47,8 +47,8 @@ class ChatTemplate:
         import jinja2
         from jinja2 import ext, nodes
 
-        from .chat_guards import check_strftime
-        from .chat_sandbox import BoundedSandbox
+        from .guards import check_strftime
+        from .sandbox import BoundedSandbox
 
         # HF's {% generation %} ... {% endgeneration %}: the body, rendered
         class Generation(ext.Extension):
@@ -89,7 +89,7 @@ class ChatTemplate:
 
     @property
     def limits(self) -> RenderLimits:
-        """The render budget (see ``chat_sandbox.RenderLimits``)."""
+        """The render budget (see ``limits.RenderLimits``)."""
         return self._env.limits
 
     @classmethod
@@ -155,14 +155,15 @@ def check_template_kwargs(value: Any) -> dict[str, Any]:
         return {}
     if not isinstance(value, Mapping):
         raise RequestTypeError("chat_template_kwargs must be a dict of template variables (or "
-                               f"None), got {type(value).__name__} {value!r:.80}")
+                               f"None), got {type(value).__name__} {value!r:.80}",
+                               field="chat_template_kwargs")
     for key in value:
         if not isinstance(key, str):
             raise RequestTypeError("chat_template_kwargs keys must be strings (template "
-                                   f"variable names), got {key!r}")
+                                   f"variable names), got {key!r}", field="chat_template_kwargs")
         if key in RESERVED_VARIABLES:
             raise RequestTypeError(f"chat_template_kwargs may not set {key!r}: chat passes it "
-                                   "itself")
+                                   "itself", field="chat_template_kwargs")
     return dict(value)
 
 
@@ -171,19 +172,21 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
     is a string, a list (multimodal parts) or None (an assistant turn with tool calls). ValueError
     naming the message and field."""
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
-        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        raise RequestError("messages must be a non-empty list of {'role': ..., 'content': ...} "
+                           "dicts", field="messages")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping):
-            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got "
-                             f"{type(m).__name__}")
+            raise RequestError(f"messages[{i}] must be a dict with 'role' and 'content', got "
+                               f"{type(m).__name__}", field="messages")
         role = m.get("role")
         if not isinstance(role, str) or not role:
-            raise ValueError(f"messages[{i}]['role'] must be a non-empty string, got {role!r}")
+            raise RequestError(f"messages[{i}]['role'] must be a non-empty string, got {role!r}",
+                               field="messages")
         content = m.get("content")
         if content is not None and not isinstance(content, (str, list)):
-            raise ValueError(f"messages[{i}]['content'] must be a string (or a list of parts, or "
-                             f"None), got {type(content).__name__}")
+            raise RequestError(f"messages[{i}]['content'] must be a string (or a list of parts, or "
+                               f"None), got {type(content).__name__}", field="messages")
         out.append(dict(m))
     return out
 

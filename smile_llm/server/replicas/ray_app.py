@@ -17,15 +17,15 @@ import threading
 from dataclasses import fields, replace
 from typing import Any
 
-from .model_options import ModelOptions
-from .settings import ServerSettings
+from ..model_options import ModelOptions
+from ..settings import ServerSettings
 
 log = logging.getLogger("smile_llm.server")
 APP_NAME = "smile-llm"
 INSTALL_HINT = ("Ray Serve is not installed: pip install -e '.[ray]' in the smile-llm checkout "
                 "(or pip install 'ray[serve]>=2.60,<3')")
 ROUTERS = {
-    "cache": "smile_llm.server.cache_router:CacheAwareRouter",
+    "cache": "smile_llm.server.replicas.cache_router:CacheAwareRouter",
     "pow2": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
     # (its public alias, ray.serve.llm.request_router, imports vLLM or SGLang; the class does not)
     "prefix": "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router:"
@@ -104,10 +104,10 @@ APP_ARGS = {"replicas", "router", "cpus_per_replica", "gpus_per_replica", "stats
 
 def build_app(args: dict[str, Any]) -> Any:
     """The application from a ``serve run`` config's ``args`` (or ``serve run
-    smile_llm.server.ray_app:build_app key=value ...``): ``ModelOptions`` fields (``model``,
-    ``kind``, ``drafter``, ``tensor_parallel``, ...), ``ServerSettings`` fields (``model_name``,
-    ``api_key``, ...) and ``application``'s (``replicas``, ``router``, ...). ValueError naming an
-    unknown key."""
+    smile_llm.server.replicas.ray_app:build_app key=value ...``): ``ModelOptions`` fields
+    (``model``, ``kind``, ``drafter``, ``tensor_parallel``, ...), ``ServerSettings`` fields
+    (``model_name``, ``api_key``, ...) and ``application``'s (``replicas``, ``router``, ...).
+    ValueError naming an unknown key."""
     unknown = sorted(set(args) - MODEL_ARGS - SETTINGS_ARGS - APP_ARGS)
     if unknown:
         raise ValueError(f"unknown args {unknown}; known: "

@@ -2,7 +2,7 @@
 ``RenderBudget``, the running account that enforces it.
 
 A chat template is code from the checkpoint folder; these limits (enforced by
-``chat_sandbox.BoundedSandbox`` and the checks of ``chat_guards``) keep a hostile or broken one from
+``sandbox.BoundedSandbox`` and the checks of ``guards``) keep a hostile or broken one from
 blocking the caller or exhausting memory. Each is far above what a real chat template needs (they
 render in milliseconds, to prompts of at most a few hundred thousand characters).
 """

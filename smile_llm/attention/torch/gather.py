@@ -1,4 +1,4 @@
-"""Reading K/V out of the paged cache for the torch backend (``torch_backend``): cache rows (slot *
+"""Reading K/V out of the paged cache for the torch backend (``backend``): cache rows (slot *
 Hkv + head) of an NHD cache gathered into fp32 workspaces kept on the plan across layers, and views
 of the cache where its strides allow reading it in place."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .torch_plan import AttentionPlan, KvChunk
+from .plan import AttentionPlan, KvChunk
 
 
 def gather_chunk(plan: AttentionPlan, k: torch.Tensor,

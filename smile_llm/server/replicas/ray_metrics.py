@@ -10,7 +10,7 @@ from typing import Any
 
 from ray.serve import metrics
 
-from .metrics import GAUGES, LATENCY_BUCKETS, PREFIX, ServerMetrics
+from ..metrics import GAUGES, LATENCY_BUCKETS, PREFIX, ServerMetrics
 
 COUNTED = {"prompt_tokens": "prompt_tokens", "cached_prompt_tokens": "cached_tokens",
            "spec_decode_proposed_tokens": "proposed_drafts",

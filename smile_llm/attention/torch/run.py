@@ -1,6 +1,6 @@
-"""The torch backend's ``run`` (``torch_backend``): one layer under a plan (``torch_plan``). The
+"""The torch backend's ``run`` (``backend``): one layer under a plan (``plan``). The
 general path is the chunked online softmax here (any device, soft cap, any mask); the plan's fused
-paths go to ``torch_fused``."""
+paths go to ``fused``."""
 
 from __future__ import annotations
 
@@ -9,15 +9,9 @@ import math
 import torch
 
 from .merge import LOG2E
-from .torch_fused import (
-    one_chunk_cascade,
-    one_chunk_flash,
-    one_chunk_sdpa,
-    run_windows,
-    shared_level,
-)
-from .torch_gather import buffers, gather_rows, rows_view, zero_past_end
-from .torch_plan import AttentionPlan, check_real
+from .fused import one_chunk_cascade, one_chunk_flash, one_chunk_sdpa, run_windows, shared_level
+from .gather import buffers, gather_rows, rows_view, zero_past_end
+from .plan import AttentionPlan, check_real
 
 
 def run_attention(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -53,7 +47,7 @@ def run_checked(plan: AttentionPlan, q: torch.Tensor, k: torch.Tensor, v: torch.
                 k_scale: float, v_scale: float,
                 return_lse: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``run_attention`` after ``check_run`` passed for these shapes: the plan's fused paths
-    (``torch_fused``), or the online softmax over the plan's chunks, each gathered into fp32, its
+    (``fused``), or the online softmax over the plan's chunks, each gathered into fp32, its
     scores soft-capped and masked, and the running max, denominator and accumulator rescaled by it
     (after the shared prefix's level, when there is one)."""
     if plan.windows is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..errors import TokenizerError
-from .json_file import read_json
+from ..json_file import read_json
 
 MAX_SPEC_BYTES = 1 << 20  # a smile_tokenizer.json larger than this is refused before it is parsed
 

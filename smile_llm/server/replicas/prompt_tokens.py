@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..models.chat_template import ChatTemplate
-from ..models.config import ModelConfig
-from ..models.tokenizer import load_tokenizer
-from .app import chat_inputs
-from .protocol import ChatCompletionRequest, CompletionRequest
+from ...text.chat_template import ChatTemplate
+from ...models.checkpoint.config import ModelConfig
+from ...text.tokenizer import load_tokenizer
+from ..app import chat_inputs
+from ..protocol import ChatCompletionRequest, CompletionRequest
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"

@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
-from .json_file import read_json
+from ...errors import CheckpointError
+from ...json_file import read_json
 from .safetensors_header import SafetensorsHeader, read_header
 
 INDEX_FILE = "model.safetensors.index.json"

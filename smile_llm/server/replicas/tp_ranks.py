@@ -16,8 +16,8 @@ import torch.distributed as dist
 from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ..distributed.group import DEFAULT_TIMEOUT_S
-from .model_options import ModelOptions
+from ...distributed.group import DEFAULT_TIMEOUT_S
+from ..model_options import ModelOptions
 
 JOIN_TIMEOUT_S = DEFAULT_TIMEOUT_S
 

@@ -26,15 +26,15 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                generate_latest)
 from ray.exceptions import ActorUnavailableError, RayActorError
 
-from .app import authorize
-from .bodies import read_raw_body
+from ..app import authorize
+from ..bodies import read_raw_body
 from .cache_summaries import CacheSummary, board
-from .errors import ApiError
-from .model_options import ModelOptions
+from ..errors import ApiError
+from ..model_options import ModelOptions
 from .prompt_tokens import PromptTokens
 from .proxied import HEARTBEAT, ProxiedRequest, ResponseHead
-from .responses import event
-from .settings import ServerSettings
+from ..responses import event
+from ..settings import ServerSettings
 
 log = logging.getLogger("smile_llm.server")
 RETRIES = 2

@@ -1,6 +1,6 @@
 """ModelConfig: the one reader of Hugging Face ``config.json`` fields (Llama, Qwen2, Qwen3, the
 hybrid Qwen3.5 and Qwen3-Next families, with an MTP head). The hybrid keys are read by
-``config_hybrid``."""
+``hybrid_config``."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config_fields import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN_SIZE, MAX_INTERMEDIATE_SIZE,
-                            MAX_LAYERS, MAX_POSITIONS, MAX_VOCAB_SIZE, Fields, shown)
-from .config_hybrid import (FULL_ATTENTION, HYBRID_FAMILIES, LINEAR_ATTENTION,
-                            LinearAttentionConfig, MoeConfig,
-                            read_hybrid_fields, unwrap_text_config)
-from ..errors import ConfigError
-from .json_file import read_json
+from .fields import (MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN_SIZE, MAX_INTERMEDIATE_SIZE, MAX_LAYERS,
+                     MAX_POSITIONS, MAX_VOCAB_SIZE, Fields, shown)
+from .hybrid_config import (FULL_ATTENTION, HYBRID_FAMILIES, LINEAR_ATTENTION,
+                            LinearAttentionConfig, MoeConfig, read_hybrid_fields,
+                            unwrap_text_config)
+from ...errors import ConfigError
+from ...json_file import read_json
 
 FAMILIES = ("llama", "qwen2", "qwen3", *HYBRID_FAMILIES)
 MAX_SPECULATIVE_TOKENS = 7  # Smile's block of 8: drafts + 1 bonus token
@@ -109,11 +109,11 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, hf: Mapping[str, Any]) -> ModelConfig:
         """Normalise an HF config dict, checking every field it reads before anything is built from
-        it: its type (``config_fields.Fields``: integers are integers, bools are ``true``/``false``,
-        numbers are finite), its range (sizes positive and within the ``config_fields`` limits,
+        it: its type (``fields.Fields``: integers are integers, bools are ``true``/``false``,
+        numbers are finite), its range (sizes positive and within the ``fields`` limits,
         token ids inside the vocabulary) and its consistency with the other fields (the heads divide
         into KV groups, ``head_dim`` derivable and even, ``rope_scaling`` complete for its type, the
-        hybrid fields of ``config_hybrid``). ``ConfigError`` (a ValueError) naming the field
+        hybrid fields of ``hybrid_config``). ``ConfigError`` (a ValueError) naming the field
         otherwise, and for an unsupported family."""
         if not isinstance(hf, Mapping):
             raise ConfigError(f"config.json must hold a JSON object, got {type(hf).__name__}")

@@ -1,11 +1,11 @@
-"""A Jinja sandbox that enforces ``chat_limits``' time and size budget, for rendering
+"""A Jinja sandbox that enforces ``limits``' time and size budget, for rendering
 untrusted chat templates.
 
 jinja2's ``ImmutableSandboxedEnvironment`` stops a template from reaching Python internals or
 mutating its arguments, but not from running for minutes (nested ``range`` loops, ``wordwrap(1)`` of
 a long word, ``urlize`` of a run of dots, ``sort`` of millions of items, comparing two shared
 nested lists) or allocating gigabytes (``'x' * 10**10``). ``BoundedSandbox`` adds, per render
-(``render``), under ``chat_limits.RenderLimits``:
+(``render``), under ``limits.RenderLimits``:
 
 - a deadline (``MAX_RENDER_SECONDS``) that no single step outlives. Template code checks it at every
   loop iteration, call, intercepted operator, ``~``, output value and output chunk; library code
@@ -14,15 +14,15 @@ nested lists) or allocating gigabytes (``'x' * 10**10``). ``BoundedSandbox`` add
   at every Python and C function call and return and raises into whatever runs past it
   (``textwrap`` in ``wordwrap``, ``pprint``, ``urlize``'s loop, ``title``, ``sort``'s keys, ...).
   What neither can interrupt is one call into C; each of those is linear in values of at most
-  ``MAX_RENDER_CHARS`` (below) or is checked first by ``chat_guards`` (its result's size where
+  ``MAX_RENDER_CHARS`` (below) or is checked first by ``guards`` (its result's size where
   known ahead, its estimated time where superlinear: refused when it exceeds the time left);
 - a size budget (``MAX_RENDER_CHARS``): the rendered text (rendered with ``Template.generate``,
   counted chunk by chunk); every value the template makes (a filter's, call's or operator's result,
   a list, tuple or dict display, a call's arguments, the items a lazy filter result yields): a
-  string, bytes or container of at most that many characters (``chat_limits.footprint``, which
+  string, bytes or container of at most that many characters (``limits.footprint``, which
   counts each reference to a shared object, so no value expands past it when printed, compared,
   hashed or serialised) and integers of at most ``MAX_INT_BITS`` bits; the widths, repeats and
-  formats ``chat_guards`` checks before the string is built; and ``PRODUCED_CHARS_FACTOR`` times it
+  formats ``guards`` checks before the string is built; and ``PRODUCED_CHARS_FACTOR`` times it
   for all the characters its expressions produce wherever they go (output, macro results,
   ``{% set %}`` blocks);
 - ``range()`` of at most ``MAX_RANGE`` items and calls (macros, recursive loops) nested at most
@@ -70,9 +70,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import generate_lorem_ipsum
 from jinja2.visitor import NodeTransformer
 
-from .chat_guards import (FILTER_CHECKS, CountedIterator, FilterCall, check_binop, check_call,
-                          check_format_spec)
-from .chat_limits import Overrun, RenderBudget, RenderLimits
+from .guards import (FILTER_CHECKS, CountedIterator, FilterCall, check_binop, check_call,
+                     check_format_spec)
+from .limits import Overrun, RenderBudget, RenderLimits
 from ..errors import RenderBudgetError
 
 # added by the compiler, not for templates: every {% for %} iterable, every ~ concatenation and
@@ -253,7 +253,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
         return value
 
     def _guard(self, name: str, f: Callable[..., Any]) -> Callable[..., Any]:
-        """``f`` as the filter ``name``: the deadline; its ``chat_guards.FILTER_CHECKS`` check
+        """``f`` as the filter ``name``: the deadline; its ``guards.FILTER_CHECKS`` check
         (arguments bound by name to its signature) before; its result measured after, a lazy one
         counted as it yields. Takes the context, so that it is never run at compile time."""
         check = FILTER_CHECKS.get(name)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
 from .config import ModelConfig
-from .config_hybrid import LINEAR_ATTENTION
+from .hybrid_config import LINEAR_ATTENTION
 
 Shape = tuple[int, ...]
 T = TypeVar("T")

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config_fields import (MAX_CONV_KERNEL, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS,
-                            MAX_INTERMEDIATE_SIZE, MAX_LAYERS, Fields, shown)
+from .fields import (MAX_CONV_KERNEL, MAX_EXPERTS, MAX_HEAD_DIM, MAX_HEADS, MAX_INTERMEDIATE_SIZE,
+                     MAX_LAYERS, Fields, shown)
 
 HYBRID_FAMILIES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
 LINEAR_ATTENTION = "linear_attention"

@@ -1,4 +1,4 @@
-"""Sequence: the state of one request being generated (the scheduler's row), and its result,
+"""RequestRow: the state of one request being generated (the scheduler's row), and its result,
 ``Completion``.
 
 It holds the prompt and the tokens so far, sampling settings and generator, stop detection (ids and
@@ -27,7 +27,7 @@ from ..sampling.next_tokens import choose_next
 from .completion import Completion
 from ..speculative.draft_tree import MAX_TREE_NODES, tree_nodes
 from ..sampling.sampler import PositionalRng, logprob_entries, top_logprobs
-from ..models.tokenizer import StreamDecoder, Tokenizer
+from ..text.tokenizer import StreamDecoder, Tokenizer
 from ..speculative.acceptance import RoundRecord
 from ..cache.offload import OffloadedKv
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 MAX_FORCED_TOKENS = 16  # tokens one jump-forward window appends at most
 
 
-class Sequence:
+class RequestRow:
     """One request: tokens, sampling, stops, streaming, logprobs, draft state and stats."""
 
     def __init__(self, handle: RequestHandle, request_id: int, matched: int, capacity: int, *,
@@ -56,7 +56,7 @@ class Sequence:
         # the private KV while the scheduler has it preempted
         self.offload: OffloadedKv | None = None
         self.prompt, self.matched = request.prompt, matched
-        self.limit = request.limit  # most new tokens
+        self.max_new_tokens = request.max_new_tokens
         # the bound KV capacity: positions stay below it (grows as pages are added)
         self.capacity = capacity
         self.request_id = request_id
@@ -113,12 +113,12 @@ class Sequence:
         self.preemptions = 0
         self.accept_lengths: Counter[int] = Counter()  # tokens per speculative round -> rounds
         # the output constraint's state (None: free text); dropped when the request ends
-        self.grammar: GrammarState | None = (None if request.grammar is None
-                                             else request.grammar.start())
-        self.constrained = self.grammar is not None
+        compiled = request.compiled_grammar
+        self.grammar_state: GrammarState | None = None if compiled is None else compiled.start()
+        self.constrained = self.grammar_state is not None
         self.constraint_complete = False  # the output is a whole match of its grammar
         self.forced_tokens = 0  # tokens the grammar forced (jump-forward), appended unsampled
-        if self.grammar is not None and self.grammar.terminated:  # matches only the empty output
+        if self.grammar_state is not None and self.grammar_state.terminated:  # only "" matches
             self.finish_reason, self.finished, self.constraint_complete = "stop", True, True
 
     # ------------------------------------------------------------------ the caller's hooks
@@ -159,7 +159,7 @@ class Sequence:
     @property
     def final_len(self) -> int:
         """Prompt plus every token it may generate: the capacity it grows to at most."""
-        return len(self.prompt) + self.limit
+        return len(self.prompt) + self.max_new_tokens
 
     @property
     def last_pos(self) -> int:
@@ -171,7 +171,7 @@ class Sequence:
         """Tokens this sequence may still produce (0 once finished)."""
         if self.finished:
             return 0
-        return max(0, self.limit - len(self.tokens))
+        return max(0, self.max_new_tokens - len(self.tokens))
 
     def draft_budget(self) -> int:
         """Drafts the next round may propose: the window ``[last, d_0..d_{n-1}]`` fits the bound
@@ -199,7 +199,7 @@ class Sequence:
         for a row whose draft policy may choose a tree, the most nodes a tree may have; for a
         constrained row at least a jump-forward window (``MAX_FORCED_TOKENS``)."""
         depth = min(self.speculative_tokens, max(0, self.remaining - 1))
-        if self.grammar is not None:  # a jump-forward window
+        if self.grammar_state is not None:  # a jump-forward window
             depth = max(depth, min(MAX_FORCED_TOKENS, max(0, self.remaining - 1)))
         if self.adaptive and self.tree_rounds and depth:
             return MAX_TREE_NODES
@@ -231,9 +231,9 @@ class Sequence:
         """``logits`` ``[N, V]`` after the request's grammar mask and processors, row i having
         generated ``tokens`` then ``extra[i]`` (a verify window's drafts before it); the logits
         themselves when neither is on."""
-        if self.grammar is not None:
+        if self.grammar_state is not None:
             try:
-                logits = mask_logits(logits, self.grammar.masks(extra))
+                logits = mask_logits(logits, self.grammar_state.masks(extra))
             except GrammarError as exc:  # the engine's failure: this request alone
                 self.fail(exc)
         if not self.processing.active:
@@ -265,9 +265,9 @@ class Sequence:
         self.tokens.append(token)
         if self._history is not None:
             self._history.push(token)
-        if self.grammar is not None:
+        if self.grammar_state is not None:
             try:
-                self.grammar.advance(token)
+                self.grammar_state.advance(token)
             except GrammarError as exc:  # the engine's failure: this request alone
                 self.fail(exc)
                 return True
@@ -287,7 +287,7 @@ class Sequence:
                 self.cut = True
                 self.finish_reason = "stop"
                 return self._finish()
-        if self.grammar is not None and self.grammar.terminated:
+        if self.grammar_state is not None and self.grammar_state.terminated:
             self.finish_reason = "stop"  # the grammar ended: nothing but EOS could follow
             return self._finish()
         self._flush(hold=max((len(s) - 1 for s in self.stop_texts), default=0))
@@ -297,14 +297,14 @@ class Sequence:
 
     def _finish(self) -> bool:
         self.finished = True
-        if self.grammar is not None:  # a stop string cut the text: no longer a whole match
-            self.constraint_complete = self.grammar.complete and not self.cut
+        if self.grammar_state is not None:  # a stop string cut the text: no longer a whole match
+            self.constraint_complete = self.grammar_state.complete and not self.cut
         self._flush()
         return True
 
-    def release_grammar(self) -> None:
+    def release_grammar_state(self) -> None:
         """Drop the constraint's state (the request ended, however it ended)."""
-        self.grammar = None
+        self.grammar_state = None
 
     def _flush(self, hold: int = 0) -> None:
         """Give ``on_text`` the new text, holding back the last ``hold`` characters (a stop string

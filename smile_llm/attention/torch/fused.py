@@ -1,4 +1,4 @@
-"""The torch backend's fused paths (``torch_backend``; chosen by the plan, ``torch_plan``):
+"""The torch backend's fused paths (``backend``; chosen by the plan, ``plan``):
 attention handed to torch's fused kernels in a few calls instead of the chunked online softmax,
 their parts merged by log-sum-exp.
 
@@ -16,8 +16,8 @@ import math
 import torch
 
 from .merge import LOG2E, merge_by_lse, merge_states
-from .torch_gather import buffers, gather_chunk, gather_rows, rows_view, slot_range
-from .torch_plan import AttentionPlan, CausalWindow, SdpaMask
+from .gather import buffers, gather_chunk, gather_rows, rows_view, slot_range
+from .plan import AttentionPlan, CausalWindow, SdpaMask
 
 
 def _cpu_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from .config import MAX_CONFIG_BYTES
-from .json_file import json_error_reason
+from ...json_file import json_error_reason
 
 MODEL_FOLDER = "a Hugging Face model folder (config.json, *.safetensors and the tokenizer)"
 

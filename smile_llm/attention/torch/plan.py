@@ -1,13 +1,13 @@
-"""The torch backend's plan (``torch_backend``): what ``run`` needs besides q, K and V, built once
+"""The torch backend's plan (``backend``): what ``run`` needs besides q, K and V, built once
 per forward from the CSR (every layer shares it), and the choice of how ``run`` computes.
 
-The general path runs over chunks of kv pages with an online softmax (``torch_run``): the plan lists
+The general path runs over chunks of kv pages with an online softmax (``run``): the plan lists
 each chunk's cache rows (one per slot and KV head, head-major), so ``run`` gathers a chunk with one
 ``index_select`` (no loop per token or page), casts it to fp32 and multiplies it in one batched
 matmul. The chunk is sized to stay in cache; scores held at once are
 ``O(B * Hq * max_qo_len * chunk)``.
 
-The other paths hand the work to torch's fused kernels (``torch_fused``):
+The other paths hand the work to torch's fused kernels (``fused``):
 
 - One row in one chunk (single-stream decode, verify, short prefill; no soft cap) on the CPU: an
   fp32 cache is read in place, without a gather. The row's slots are cut into runs of consecutive
@@ -39,7 +39,7 @@ from typing import Union
 import numpy as np
 import torch
 
-from ..cache.metadata import FlashInferKvMetadata
+from ...cache.metadata import FlashInferKvMetadata
 
 # per kv chunk: its fp32 K and V plus its scores (measured best on a 2-core CPU)
 CHUNK_BYTES = 32 << 20
@@ -118,14 +118,14 @@ class AttentionPlan:
     chunks: list[KvChunk]  # every row's own positions (after the shared prefix, if any)
     # the shared prefix: rows int64[Hkv * P] of its slots, read once for every row
     shared: KvChunk | None = None
-    # gather buffers (raw, fp32) by (dtype, use), kept across layers (``torch_gather.buffers``)
+    # gather buffers (raw, fp32) by (dtype, use), kept across layers (``gather.buffers``)
     workspace: dict[tuple[torch.dtype, int], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict)
-    # the one-chunk paths' additive mask and blind query rows (``torch_fused``), built by the
+    # the one-chunk paths' additive mask and blind query rows (``fused``), built by the
     # first layer
     sdpa_mask: SdpaMask | None = None
     # each span's columns of that mask and its blind query rows, and whether any has some
-    # (``torch_fused``)
+    # (``fused``)
     span_masks: tuple[list[SdpaMask], bool] | None = None
     # the signature of the tensors a TorchBackend.run last checked
     checked: tuple[object, ...] | None = None
