@@ -4,7 +4,9 @@ weights, in the same run, both driven by ``guidellm`` (an established serving lo
 overhead against in-process threads calling ``generate``.
 
 The weights are the shipped dense model (byte-level, with its ``tokenizer.json`` and ChatML template, so both servers
-and guidellm read the same folder). The workload is a chat with a shared system prompt: guidellm's synthetic text,
+and guidellm read the same folder), or with ``--realistic`` the random 133M-parameter Qwen3 of ``realistic_size.py``
+(its word-level ``tokenizer.json`` of 32,000 entries, the same ChatML template; guidellm's English words are unknown
+to it, so every prompt word is one ``<unk>`` token: the lengths, not the text, are what is served). The workload is a chat with a shared system prompt: guidellm's synthetic text,
 ``--prompt-tokens`` per request after a ``--prefix-tokens`` prefix shared by every request (one prefix bucket),
 ``--output-tokens`` per reply (``max_tokens``; both servers may stop earlier at EOS, and the output tokens per second
 count what was generated), greedy, streamed, at each concurrency of ``--concurrency`` (guidellm's ``concurrent``
@@ -19,6 +21,7 @@ driving the model as ``serve``'s does; output tokens/s against the HTTP run at c
 
     .venv/bin/python benchmarks/http_serving.py
     .venv/bin/python benchmarks/http_serving.py --quick
+    .venv/bin/python benchmarks/http_serving.py --realistic --concurrency 1,16
 """
 
 from __future__ import annotations
@@ -126,15 +129,34 @@ def guidellm(url: str, model: str, folder: Path, streams: int, args: argparse.Na
             "output_tokens": stat("output_token_count", "total_sum")}
 
 
+def realistic_folder(folder: Path) -> None:
+    """The 133M-parameter Qwen3 of ``realistic_size.py`` in ``folder``, with what a chat server and guidellm read
+    besides: a ``tokenizer_config.json`` for ``AutoTokenizer`` and the shipped model's ChatML template."""
+    from realistic_size import VOCAB, build_checkpoint
+
+    folder.mkdir(parents=True)
+    build_checkpoint(folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "eos_token": "<eos>",
+        "pad_token": "<eos>", "model_max_length": 4096, "clean_up_tokenization_spaces": False}))
+    shutil.copy(ROOT / "smile_llm" / "models" / "default" / "chat_template.jinja", folder)
+    assert json.loads((folder / "config.json").read_text())["vocab_size"] == VOCAB
+
+
 def in_process(folder: Path, args: argparse.Namespace) -> float:
-    """Output tokens/s of 16 threads calling ``chat`` (2 rounds each) on a model loaded as ``serve`` loads it, the
-    main thread driving the model as ``serve``'s does (``ServingLoop.drive_here``)."""
+    """Output tokens/s of 16 threads calling ``chat`` (2 rounds each) on a model loaded as ``serve`` loads it
+    (compiled and warmed up where ``serve`` compiles it), the main thread driving the model as ``serve``'s does
+    (``ServingLoop.drive_here``)."""
     import torch
 
     from smile_llm import LanguageModel
+    from smile_llm.server.model_options import ModelOptions
 
     torch.set_num_threads(args.threads)
-    lm = LanguageModel.from_pretrained(folder, max_batch_size=16, max_seq_len=2048)
+    compiled = ModelOptions(model=str(folder)).compiles
+    lm = LanguageModel.from_pretrained(folder, max_batch_size=16, max_seq_len=2048, compile=compiled)
+    if compiled:
+        lm.warm_up()
     prefix = "You are a helpful assistant who answers briefly. " * (args.prefix_tokens // 50 + 1)
     messages = [[{"role": "system", "content": prefix[: args.prefix_tokens]},
                  {"role": "user",
@@ -174,15 +196,20 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--peer", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--quick", action="store_true", help="concurrency 1 and 4, 2 requests per stream, 32 tokens")
+    p.add_argument("--realistic", action="store_true", help="the 133M Qwen3 of realistic_size.py")
     args = p.parse_args()
     if args.quick:
         args.concurrency, args.requests, args.output_tokens = "1,4", 2, 32
     levels = [int(c) for c in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="http_bench_"))
     folder = work / "model"
-    shutil.copytree(ROOT / "smile_llm" / "models" / "default", folder)
+    if args.realistic:
+        realistic_folder(folder)
+    else:
+        shutil.copytree(ROOT / "smile_llm" / "models" / "default", folder)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"http_serving: smile_llm {code_version()}, {os.cpu_count()} cpus (load average {load}), {args.threads} "
+    print(f"http_serving: {'the 133M Qwen3 (random weights)' if args.realistic else 'the shipped dense model'}, "
+          f"smile_llm {code_version()}, {os.cpu_count()} cpus (load average {load}), {args.threads} "
           f"torch threads per server; shared prefix {args.prefix_tokens} + prompt {args.prompt_tokens} tokens, "
           f"max_tokens {args.output_tokens}, greedy, streamed; {args.requests} requests per stream", flush=True)
     results: dict[str, dict[int, dict[str, Any]]] = {}

@@ -62,9 +62,11 @@ def test_a_streams_first_chunk_carries_the_first_token(app: Any) -> None:
     parts = asyncio.run(collect(app, proxied("/v1/completions", body)))
     chunks = [p for p in parts[1:] if p != HEARTBEAT]
     first = [json.loads(line[6:]) for line in chunks[0].decode().splitlines() if line.startswith("data: ")]
-    # the opening event of each of the 2 choices, then the first text
-    assert len(first) == 3 and [e["choices"][0]["text"] for e in first[:2]] == ["", ""]
-    assert first[2]["choices"][0]["text"] != ""
+    # the opening event of each of the 2 choices, then the first text of one or both (both samples make their first
+    # token in the same step; whether the reader woke between the two hand-offs is timing)
+    assert [(e["choices"][0]["index"], e["choices"][0]["text"]) for e in first[:2]] == [(0, ""), (1, "")]
+    texts = [(e["choices"][0]["index"], e["choices"][0]["text"]) for e in first[2:]]
+    assert 1 <= len(texts) <= 2 and len({i for i, _ in texts}) == len(texts) and all(t for _, t in texts)
     assert chunks[-1].endswith(b"data: [DONE]\n\n")
 
 
