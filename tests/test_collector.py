@@ -17,6 +17,8 @@ def test_every_callback_sees_the_collector_running_and_each_is_called_once_per_p
     def back(phase: str, info: dict[str, Any]) -> None:
         seen["back"].append((phase, collecting()))
 
+    enabled = gc.isenabled()
+    gc.disable()  # only the collections below, none another thread's allocations would start
     gc.callbacks.insert(0, front)  # in front of the flag's own first callback
     gc.callbacks.append(back)  # behind its last
     try:
@@ -36,3 +38,5 @@ def test_every_callback_sees_the_collector_running_and_each_is_called_once_per_p
     finally:
         gc.callbacks.remove(front)
         gc.callbacks.remove(back)
+        if enabled:
+            gc.enable()
