@@ -19,6 +19,7 @@ import argparse
 import statistics
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -57,11 +58,13 @@ def step_seconds(lm, prompts: list[str], batch: int, repeats: int) -> float:
 def choice_seconds(lm, prompts: list[str], batch: int, options: dict, iters: int) -> float:
     """Best-of-5 seconds of one ``choose_next`` over ``batch`` rows with ``options`` (64 tokens of history)."""
     from smile_llm.sampling.next_tokens import choose_next
-    from smile_llm.serving.request import Request, SamplingParams
-    from smile_llm.serving.request_row import RequestRow
+    from smile_llm.serving.request import RequestHandle, SamplingParams
 
-    seqs = [RequestRow(lm, Request.create(lm, prompts[b % len(prompts)], SamplingParams(1000, **options)), b + 1,
-                       0, 4096) for b in range(batch)]
+    def row(b: int) -> Any:
+        request = lm.serving_context.request(prompts[b % len(prompts)], SamplingParams(1000, **options))
+        return lm.serving_context.row(RequestHandle(b + 1, request, lm.serving_loop), b + 1, 0, 4096)
+
+    seqs = [row(b) for b in range(batch)]
     gen = torch.Generator().manual_seed(0)
     for s in seqs:
         for t in torch.randint(0, lm.config.vocab_size, (64,), generator=gen).tolist():

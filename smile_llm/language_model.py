@@ -108,7 +108,7 @@ class LanguageModel:
         size a KV pool for ``max_batch_size`` rows of ``max_seq_len`` tokens (default: the model's
         context, at most 4096). Nothing in ``path`` is trusted: every config field, the shard index
         and every safetensors header are checked, and the tensors' names and shapes compared with
-        the config, before anything is allocated (``checkpoint_checks``); ConfigError,
+        the config, before anything is allocated (``models.checkpoint.checks``); ConfigError,
         CheckpointError or TokenizerError (ValueErrors of ``errors``) name the file and the field or
         tensor otherwise. ``cuda_graphs``: replay decode and verify forwards from CUDA graphs on
         CUDA with FlashInfer (no effect elsewhere; ``SMILE_CUDA_GRAPHS=0`` also turns them off).
@@ -237,8 +237,8 @@ class LanguageModel:
     def request(self, prompt: str | Sequence[int], params: SamplingParams | None = None, *,
                 listener: Listener = None, cancel: Callable[[], bool] | None = None,
                 on_round: Callable[[RoundRecord], None] | None = None) -> Request:
-        """Validate one request without queuing it (``ServingContext.request``: ValueError/TypeError
-        naming the field, nothing bound); ``serving_loop.submit`` queues it."""
+        """Validate one request without queuing it (``ServingContext.request``: ``RequestError``
+        with the field in ``field``, nothing bound); ``serving_loop.submit`` queues it."""
         return self.serving_context.request(prompt, params, listener=listener, cancel=cancel,
                                             on_round=on_round)
 
@@ -368,7 +368,7 @@ class LanguageModel:
                listener: Listener = None, cancel: Callable[[], bool] | None = None,
                on_round: Callable[[RoundRecord], None] | None = None
                ) -> RequestHandle | SampleGroup:
-        """Validate one request (``request``: ValueError/TypeError naming the field, nothing bound)
+        """Validate one request (``request``: ``RequestError`` naming the field, nothing bound)
         and queue it on the model's serving loop; returns its handle at once: a ``RequestHandle``,
         or for ``params.n > 1`` a ``SampleGroup`` whose ``result()`` is the list of the n samples.
         ``result()`` waits, advancing the model itself when no other thread does. Safe from any
@@ -409,7 +409,7 @@ class LanguageModel:
         temperature 0, else nucleus sampling; a nonzero ``seed`` makes the output reproducible.
         Stops at an EOS or ``stop`` token or string (finish_reason "stop") or after
         ``max_new_tokens`` or at ``max_seq_len`` ("length"). ``cancel`` is polled before every
-        forward (GenerationCancelled, KV released). ValueError/TypeError for bad input, naming the
+        forward (GenerationCancelled, KV released). ``RequestError`` for bad input, naming the
         field. Safe from any number of threads at once: concurrent calls are batched together, and
         each returns what it would return alone (greedy).
 

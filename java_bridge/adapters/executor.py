@@ -255,9 +255,9 @@ class ModelExecutorAdapter:
     def _between_steps(self, fn: Callable[[], T]) -> T:
         """``fn`` between two steps of the model's serving loop (IllegalStateException when its
         current step does not end within STEP_LOCK_TIMEOUT_S, or from inside a step)."""
-        server = self._model.serving_loop
+        loop = self._model.serving_loop
         try:
-            return server.run_between_steps(fn, STEP_LOCK_TIMEOUT_S)
+            return loop.run_between_steps(fn, STEP_LOCK_TIMEOUT_S)
         except TimeoutError as exc:
             raise RuntimeError(str(exc)) from exc
 

@@ -117,7 +117,7 @@ def submit_async(model: LanguageModel, prompt: Any, params: SamplingParams, list
     """Queue one request (``params`` of one sample) for a Java caller and return its
     ``GenerationFuture`` at once. ``submit`` queues it (default ``model.submit``; an engine passes
     its own). The model's serving thread is started if none runs (``ServingLoop.serve_until_idle``).
-    ValueError/TypeError for bad input, before anything is queued."""
+    ``RequestError`` for bad input, before anything is queued."""
     delivery = JClass("smile.llm.python.AsyncGeneration")(listener)
     handle = cast(RequestHandle,
                   (submit or model.submit)(prompt, params, listener=None if listener is None

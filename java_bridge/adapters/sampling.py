@@ -75,7 +75,7 @@ def _optional_int(value: Any) -> int | None:
 
 def python_params(params: Any) -> SamplingParams:
     """Python's ``SamplingParams`` of a Java ``smile.llm.SamplingParams``, validated there.
-    ValueError/TypeError naming the field (Java and Python names) for a bad value; ValueError for
+    ``RequestError`` naming the field (Java and Python names) for a bad value; ValueError for
     null.
 
     The Java ``logprobs`` (null, 0, or k) becomes False, True, or k; stop strings and stop token ids
@@ -136,9 +136,9 @@ def _constraint_fields(params: Any) -> dict[str, Any]:
 
 
 def single(params: SamplingParams) -> SamplingParams:
-    """``params`` for a call that returns one completion; ValueError when it asks for ``n > 1``
-    samples."""
+    """``params`` for a call that returns one completion; ``RequestError`` (field ``n``) when it
+    asks for ``n > 1`` samples."""
     if params.n != 1:
-        raise ValueError(f"n is {params.n}: this call returns one completion; use "
-                         f"generateSamples(prompt, params) for n samples")
+        raise RequestError(f"n is {params.n}: this call returns one completion; use "
+                           f"generateSamples(prompt, params) for n samples", field="n")
     return params

@@ -1,5 +1,5 @@
 """Paged attention over the pool's FlashInfer CSR: its semantics (``reference``), the torch backend
-(``torch_backend``: FlashInfer's semantics on any device), the FlashInfer backend (imported lazily,
+(``torch/``: FlashInfer's semantics on any device), the FlashInfer backend (imported lazily,
 CUDA only) and the chooser between them."""
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ class InferenceEngine:
                ) -> RequestHandle | SampleGroup:
         """Validate and queue a request; returns its handle at once (a ``SampleGroup`` of the
         samples for ``params.n > 1``). ``listener``: a ``GenerationListener``, or a plain callable
-        that receives each text chunk. ValueError/TypeError for bad input (naming the field, nothing
+        that receives each text chunk. ``RequestError`` for bad input (naming the field, nothing
         bound), EngineShutdownError after ``shutdown``."""
         request = self.model.request(prompt, params, listener=listener, cancel=cancel,
                                      on_round=on_round)

@@ -105,6 +105,11 @@ def _check_text(value: Any, field: str) -> None:
     if len(value) > MAX_SOURCE_CHARS:
         raise ConstraintError(f"is {len(value)} characters, over the limit of {MAX_SOURCE_CHARS}",
                               field=field)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: not text the grammar engine can read
+        raise ConstraintError(f"is not valid Unicode text: {exc.reason} at character {exc.start}",
+                              field=field) from None
 
 
 def _schema_grammar(schema: Any, field: str) -> str:

@@ -43,7 +43,8 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-bytes", type=positive_int, default=s.MAX_BODY_BYTES)
     p.add_argument("--max-tokens", type=positive_int, default=None,
                    help="the most tokens a request may ask for (default: the context)")
-    p.add_argument("--max-n", type=positive_int, default=16)
+    p.add_argument("--max-n", type=positive_int, default=16,
+                   help=f"the most samples one request may ask for (at most {s.MAX_N})")
     p.add_argument("--max-queued", type=positive_int, default=s.MAX_QUEUED,
                    help=f"samples waiting beyond this get 429 (default {s.MAX_QUEUED})")
     p.add_argument("--drain-timeout", type=float, default=30.0,

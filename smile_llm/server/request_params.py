@@ -24,10 +24,10 @@ API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
 def sampling_params(body: SamplingFields, settings: ServerSettings, context_tokens: int,
                     tools: ToolChoice | None = None) -> SamplingParams:
-    """The settings of one sample of ``body`` (``n`` is the caller's, checked at admission: each
-    sample is its own request). ``context_tokens``: the model's longest request (the default
-    ``max_tokens``); ``tools``: the grammar a ``tool_choice`` forces (400 with another
-    constraint) and the stop strings it needs."""
+    """The settings of one sample of ``body`` (``n`` is the caller's, checked at admission; the
+    samples are one request, ``LanguageModel.submit_samples``). ``context_tokens``: the model's
+    longest request (the default ``max_tokens``); ``tools``: the grammar a ``tool_choice`` forces
+    (400 with another constraint) and the stop strings it needs."""
     fields: dict[str, Any] = {}
     max_tokens = body.max_tokens
     if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None:

@@ -13,6 +13,9 @@ HEADER_TIMEOUT_S = 10.0  # a request head must arrive within this (a slow client
 BODY_TIMEOUT_S = 30.0  # a request body must arrive within this (408)
 KEEP_ALIVE_TIMEOUT_S = 5.0  # an idle kept-alive connection closes after this
 MAX_CONNECTIONS = 512  # connections open at once; one more is answered 503 and closed
+# the samples one request may ask for: SamplingParams' own limit (serving.request.MAX_SAMPLES; a
+# test checks they agree), kept here so that reading the settings imports no model code
+MAX_N = 128
 
 
 @dataclass(frozen=True)
@@ -23,7 +26,8 @@ class ServerSettings:
     context), ``max_n`` and ``max_queued`` (samples waiting); ``drain_timeout_s``: how long a
     SIGTERM waits for in-flight requests; the connection limits: ``max_header_bytes``,
     ``header_timeout_s``, ``body_timeout_s``, ``keep_alive_timeout_s``, ``max_connections``.
-    ValueError for a limit that is not positive, or an empty ``api_key``."""
+    ValueError for a limit that is not positive, a ``max_n`` over ``MAX_N``, or an empty
+    ``api_key``."""
 
     model_name: str = "smile-llm"
     api_key: str | None = None
@@ -50,3 +54,6 @@ class ServerSettings:
                 raise ValueError(f"{f.name} must be positive, got {value}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must be >= 0, got {self.drain_timeout_s}")
+        if self.max_n > MAX_N:
+            raise ValueError(f"max_n must be at most {MAX_N} (the samples one request may ask "
+                             f"for), got {self.max_n}")

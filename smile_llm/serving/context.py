@@ -61,10 +61,13 @@ class ServingContext:
                           eos_token_ids=self.eos_token_ids, tree_rounds=self.tree_rounds)
 
     def token_ids(self, values: object, name: str) -> list[int]:
-        """``values`` as token ids; ValueError naming the first id outside [0, vocab_size), whatever
-        the id (negative, just past the end, or huge), or naming ``name`` for anything but a 1-D int
-        sequence."""
-        arr = as_int_array(values, name, non_negative=False)
+        """``values`` as token ids; ``RequestError`` (field ``name``) naming the first id outside
+        [0, vocab_size), whatever the id (negative, just past the end, or huge), or for anything but
+        a 1-D int sequence."""
+        try:
+            arr = as_int_array(values, name, non_negative=False)
+        except ValueError as exc:  # the pool's own check, shared with its callers: here a request's
+            raise RequestError(str(exc), field=name) from None
         bad = (arr < 0) | (arr >= self.vocab_size)
         if bad.any():
             raise RequestError(f"token {int(arr[bad.argmax()])} is outside the vocabulary "

@@ -1,10 +1,10 @@
-"""ModelRunner: the forward passes of generation over sequences bound in the model's pool(s).
+"""ModelRunner: the forward passes of generation over the rows bound in the model's pool(s).
 
 ``prefill`` (one request's prompt, in chunks) and ``step`` (one forward for a ragged batch: a plain
 decode, or a speculative round for the rows that can draft: the drafter's drafts, one verify forward
 over each row's window ``[last, d_0..d_{n-1}]`` or token tree, acceptance, ``truncate_to`` so
 rejected positions are neither attended nor inserted) are used alike by ``LanguageModel.generate``
-(one sequence) and the engine (many). Every forward's hidden states are reported to the drafter
+(one row) and the engine (many). Every forward's hidden states are reported to the drafter
 (``drafters.Drafter``: extend / absorb / commit), whichever it is, so drafting stays possible after
 any mix of steps.
 """
@@ -133,7 +133,7 @@ class ModelRunner:
         return seq.prefilled == len(seq.prompt)
 
     def prefill_batch(self, seqs: list[RequestRow]) -> None:
-        """Prefill the unwritten prompt parts of several sequences (none asking for prompt logprobs)
+        """Prefill the unwritten prompt parts of several rows (none asking for prompt logprobs)
         in one forward (their logits then predict each first token). Rows may start at different
         positions (different prefix hits) and have different lengths: each window is right-padded to
         the longest, and the padding's K/V is sealed off with ``truncate_to`` (as a verify round
@@ -211,7 +211,7 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ one step for a batch
     def step(self, seqs: list[RequestRow]) -> None:
-        """Advance every sequence by one forward: rows that can draft speculate (grouped by draft
+        """Advance every row by one forward: rows that can draft speculate (grouped by draft
         count, one round per group; rows with ``speculative_tokens="auto"`` get their count or tree
         shape from ``draft_policy``; rows whose tree (the policy's, or the whole ``draft_tree``)
         fits take a token-tree round, grouped by shape), the others take a plain step together, as
@@ -317,7 +317,7 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ plain step
     def decode(self, seqs: list[RequestRow], allow_graph: bool = True) -> None:
-        """One plain step for every sequence: forward its last token, then sample and append the
+        """One plain step for every row: forward its last token, then sample and append the
         next one."""
         self._activate(seqs)
         tokens = torch.tensor([[s.tokens[-1]] for s in seqs], dtype=torch.int64,

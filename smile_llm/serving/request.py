@@ -1,11 +1,12 @@
 """What a caller asks for and what it holds while waiting: ``SamplingParams``, the validated
 ``Request`` and the future-like ``RequestHandle``.
 
-Every caller (``generate``, ``generate_batch``, ``InferenceEngine.submit``, the JVM) goes through
-``ServingContext.request``, the one place where a prompt and its parameters become a request: the
-prompt is encoded and checked against the vocabulary, the stops are resolved, the new-token limit is
-clamped to ``max_seq_len`` and the draft count is resolved. A bad field raises ValueError or
-TypeError naming the field, before anything is bound. The argument checks the callers share live
+Every caller (``generate``, ``generate_batch``, ``submit_samples`` for the HTTP server,
+``InferenceEngine.submit``, the JVM) goes through ``ServingContext.request``, the one place where a
+prompt and its parameters become a request: the prompt is encoded and checked against the
+vocabulary, the stops are resolved, ``max_new_tokens`` is clamped to ``max_seq_len`` and the draft
+count is resolved. A bad field raises ``RequestError`` (``RequestTypeError`` for a wrong type) with
+the field in ``field``, before anything is bound. The argument checks the callers share live
 here too: ``check_prompt`` (what a prompt may be), ``check_keywords`` (every accepted keyword named,
 the closest suggested) and ``as_listener`` (a plain callable receives the text).
 """
@@ -153,7 +154,8 @@ class SamplingParams:
     next page boundary instead of computed.
 
     Validated on construction: RequestTypeError (a TypeError and a ValueError) for a field of the
-    wrong type, ValueError for a value out of range, both naming the field."""
+    wrong type, RequestError (a ValueError) for a value out of range, both with the field in
+    ``field``."""
 
     max_new_tokens: int = 256
     temperature: float = 0.0

@@ -4,7 +4,7 @@
 It holds the prompt and the tokens so far, sampling settings and generator, stop detection (ids and
 strings), streaming to a listener, logprobs, the drafter's per-request state, and the counters that
 become ``Completion.stats``. The caller's hooks never break the serving loop: an exception from the
-listener (or the round callback) is recorded in ``error``, the sequence finishes, and the scheduler
+listener (or the round callback) is recorded in ``error``, the row finishes, and the scheduler
 fails that request alone.
 Positions: the prompt occupies ``[0, P)``, generated token i sits at ``P + i``; the last token's KV
 is written by the next forward, so the main pool holds KV for ``[0, last_pos)``.
@@ -134,7 +134,7 @@ class RequestRow:
 
     def _call(self, hook: Callable[[Any], object] | None, value: object) -> None:
         """``hook(value)`` unless there is no hook or the request already failed. An exception is
-        recorded in ``error`` and finishes the sequence (no further events); it never propagates
+        recorded in ``error`` and finishes the row (no further events); it never propagates
         into the step."""
         if hook is None or self.error is not None:
             return
@@ -168,7 +168,7 @@ class RequestRow:
 
     @property
     def remaining(self) -> int:
-        """Tokens this sequence may still produce (0 once finished)."""
+        """Tokens this row may still produce (0 once finished)."""
         if self.finished:
             return 0
         return max(0, self.max_new_tokens - len(self.tokens))
@@ -209,7 +209,7 @@ class RequestRow:
 
     # ------------------------------------------------------------------ tokens
     def take_next(self) -> bool:
-        """Sample the next token from the last logits and append it; True when the sequence has
+        """Sample the next token from the last logits and append it; True when the row has
         finished."""
         assert self.logits is not None
         return self.push(*choose_next([self], self.logits)[0])
@@ -254,9 +254,9 @@ class RequestRow:
         return self._history
 
     def push(self, token: int, logp: torch.Tensor | None = None) -> bool:
-        """Append ``token`` (stream it, check stops and the limit); True when the sequence has
+        """Append ``token`` (stream it, check stops and ``max_new_tokens``); True when the row has
         finished. ``logp``: the raw log-distribution ``[V]`` it was chosen from, for the requested
-        logprobs. A finished sequence takes no token (True)."""
+        logprobs. A finished row takes no token (True)."""
         if self.finished:
             return True
         if token in self.stop_ids:
@@ -323,7 +323,7 @@ class RequestRow:
         ``target_forwards_per_token`` (1.0 for plain decoding), ``prefill_s``, ``decode_s``,
         ``tokens_per_s``; for a constrained request also ``forced_tokens`` (appended by
         jump-forward, unsampled) and ``constraint_complete`` (whether the output is a whole match
-        of its grammar: False when it ended at the limit, or at a stop, before the grammar
+        of its grammar: False when it ended at ``max_new_tokens``, or at a stop, before the grammar
         could); for a request with segments also ``spliced_tokens`` (prompt positions whose KV was
         spliced, not computed)."""
         elapsed = time.perf_counter() - self.t0

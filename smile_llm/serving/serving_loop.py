@@ -12,10 +12,10 @@ the end of the step, and waiting on an unfinished request raises RuntimeError at
 on the very thread that must advance it). ``shutdown`` ends everything pending with
 EngineShutdownError and refuses new requests.
 
-At interpreter exit every live server does the same (``release_at_exit``): its background driver is
-stopped and joined and every pending request ends with EngineShutdownError, its KV released, so no
-thread is inside a forward when the interpreter stops its daemon threads (one stopped there aborts
-the process).
+At interpreter exit every live serving loop does the same (``release_at_exit``): its background
+driver is stopped and joined and every pending request ends with EngineShutdownError, its KV
+released, so no thread is inside a forward when the interpreter stops its daemon threads (one
+stopped there aborts the process).
 """
 
 from __future__ import annotations
@@ -41,15 +41,15 @@ T = TypeVar("T")
 IDLE_WAIT_S = 0.5  # how long an idle background driver sleeps between checks for work
 EXIT_WAIT_S = 10.0  # at interpreter exit: the longest wait for the current step to end
 
-# every server, for the release at interpreter exit
+# every serving loop, for the release at interpreter exit
 _LIVE: weakref.WeakSet[ServingLoop] = weakref.WeakSet()
 
 
 def _release_at_exit() -> None:
-    for server in list(_LIVE):
+    for loop in list(_LIVE):
         try:
-            server.release_at_exit()
-        except Exception:  # noqa: BLE001 - one broken server must not keep the others' threads
+            loop.release_at_exit()
+        except Exception:  # noqa: BLE001 - one broken loop must not keep the others' threads
                            # running at exit
             pass
 
@@ -276,7 +276,7 @@ class ServingLoop:
         self._serve()
 
     def _start_thread_locked(self) -> None:
-        thread = threading.Thread(target=self._serve, name="smile-llm-server", daemon=True)
+        thread = threading.Thread(target=self._serve, name="smile-llm-serving-loop", daemon=True)
         self._thread = thread  # before start: the thread serves while it is the current one
         thread.start()
 
@@ -346,10 +346,10 @@ class ServingLoop:
             self._cv.notify_all()
 
     def release_at_exit(self, timeout: float = EXIT_WAIT_S) -> None:
-        """What interpreter exit runs for every live server: refuse new requests, stop the
+        """What interpreter exit runs for every live serving loop: refuse new requests, stop the
         background driver (joined for at most ``timeout`` s) and end every pending request with
         EngineShutdownError, its KV released, once the current step has ended (waiting at most
-        ``timeout`` s for it). Afterwards no thread of this server is inside a forward, so the
+        ``timeout`` s for it). Afterwards no thread of this loop is inside a forward, so the
         interpreter can stop its daemon threads without aborting. Idempotent."""
         with self._cv:
             if not self._closed:

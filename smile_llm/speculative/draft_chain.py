@@ -6,7 +6,7 @@ first step, ``Transformer.draft``; a draft model's backlog feed): positions ``[0
 1..n-1 then each feed one drafted token at position ``start_b + j`` (column ``j``). Their K/V are
 speculation, so they never enter the pool: each layer keeps them in a dense float32 scratch
 ``[B, Hkv, n - 1, D]``. Attention at column j is two parts merged by log-sum-exp
-(``attention.merge``):
+(``attention.torch.merge``):
 
 - the history: the backend over the pool's ``[0, start_b)``, planned once for the whole chain (the
   history does not change while the chain runs), run with its LSE;

@@ -1,4 +1,4 @@
-"""Attention split in two key sets and merged by log-sum-exp (``attention.merge``), and the torch backend's
+"""Attention split in two key sets and merged by log-sum-exp (``attention.torch.merge``), and the torch backend's
 decode with its LSE (the fused one-chunk path a draft chain's history uses), against the float64 reference
 (``attention.reference``)."""
 

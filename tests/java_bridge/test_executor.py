@@ -106,7 +106,7 @@ def test_a_step_call_waits_for_the_serving_loops_step(jvm: Jvm) -> None:
     runs."""
     model, ex = jvm.model, jvm.model_adapter.executor()
     prompt = model.encode("def waits():\n    ")
-    server = model.serving_loop
+    loop = model.serving_loop
     inside, release, done = threading.Event(), threading.Event(), threading.Event()
     result: list[int] = []
 
@@ -114,7 +114,7 @@ def test_a_step_call_waits_for_the_serving_loops_step(jvm: Jvm) -> None:
         def body() -> None:
             inside.set()
             assert release.wait(60)
-        server.run_between_steps(body, 60)
+        loop.run_between_steps(body, 60)
 
     holder = threading.Thread(target=hold)
     holder.start()

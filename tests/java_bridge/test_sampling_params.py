@@ -43,8 +43,8 @@ def ids(jvm: Jvm) -> Any:
 
 
 def assert_nothing_queued(jvm: Jvm) -> None:
-    server = jvm.model.serving_loop
-    assert server.num_waiting == 0 and server.num_running == 0
+    loop = jvm.model.serving_loop
+    assert loop.num_waiting == 0 and loop.num_running == 0
     assert jvm.model.pool.bound_request_count == 0
     jvm.model.pool.check_invariants()
 

@@ -52,6 +52,8 @@ def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
     ({"messages": MSG, "logit_bias": {"5": 500}}, "logit_bias", "logit_bias[5] must be a number"),
     ({"messages": MSG, "logit_bias": {"100000": 1}}, "logit_bias", "outside the vocabulary"),
     ({"messages": MSG, "seed": 10**30}, "seed", "seed must be in"),
+    ({"messages": MSG, "regex": "a\ud800"}, "regex", "not valid Unicode"),
+    ({"messages": MSG, "guided_grammar": "start: \"\ud800\""}, "grammar", "not valid Unicode"),
     ({"messages": MSG, "response_format": {"type": "json_schema"}}, "response_format", "schema"),
     ({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "nope"}}}}, "json_schema", "refused"),

@@ -290,10 +290,10 @@ def test_done_callbacks_run_once_in_order_and_after_the_fact(lm, solo):
     assert calls == [("first", True), ("second", True), ("late", threading.get_ident())]
 
 
-def test_cancelling_a_queued_request_settles_it_outside_the_server_lock(lm):
+def test_cancelling_a_queued_request_settles_it_outside_the_serving_loops_lock(lm):
     seen: list = []
     handle = lm.submit(PROMPTS[2], SamplingParams(NEW))
-    # the callback takes the server's intake lock: it would deadlock if run while cancel held it
+    # the callback takes the serving loop's intake lock (ServingLoop._cv): it would deadlock if run while cancel held it
     handle.add_done_callback(lambda h: seen.append((lm.serving_loop.num_waiting, type(h.exception(0)).__name__)))
     assert handle.cancel()
     assert seen == [(0, "GenerationCancelled")]
@@ -311,15 +311,15 @@ def test_an_engine_keeps_a_driver_started_by_serve_until_idle(lm, solo):
 
 
 def test_run_between_steps_runs_while_no_step_does(lm, solo):
-    server = lm.serving_loop
-    assert server.run_between_steps(lambda: 42) == 42
+    loop = lm.serving_loop
+    assert loop.run_between_steps(lambda: 42) == 42
     outside: list[bool] = []
     handle = lm.submit(PROMPTS[4], SamplingParams(max_new_tokens=NEW))
-    server.serve_until_idle()
+    loop.serve_until_idle()
     deadline = time.monotonic() + 120
     while not handle.done() and time.monotonic() < deadline:
         # inside fn the step lock is ours: no thread is inside a step
-        outside.append(server.run_between_steps(lambda: server._stepping is None, 60))
+        outside.append(loop.run_between_steps(lambda: loop._stepping is None, 60))
     assert handle.result(60).tokens == solo[4]
     assert outside and all(outside)
     seen: list[BaseException] = []
@@ -328,7 +328,7 @@ def test_run_between_steps_runs_while_no_step_does(lm, solo):
         def on_generated_tokens(self, n: int) -> None:
             if not seen:
                 try:
-                    server.run_between_steps(lambda: None, 1)
+                    loop.run_between_steps(lambda: None, 1)
                 except RuntimeError as exc:
                     seen.append(exc)
 
@@ -337,14 +337,14 @@ def test_run_between_steps_runs_while_no_step_does(lm, solo):
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        server.run_between_steps(lambda: (held.set(), release.wait(60)), 60)
+        loop.run_between_steps(lambda: (held.set(), release.wait(60)), 60)
 
     holder = threading.Thread(target=hold)
     holder.start()
     try:
         assert held.wait(60)
         with pytest.raises(TimeoutError, match="step lock"):
-            server.run_between_steps(lambda: None, 0.05)
+            loop.run_between_steps(lambda: None, 0.05)
     finally:
         release.set()
         holder.join(60)

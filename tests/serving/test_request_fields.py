@@ -9,6 +9,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+import numpy as np
 import pytest
 
 from smile_llm import (ConstraintError, LanguageModel, PromptTooLongError, RequestError, RequestTypeError,
@@ -34,6 +35,7 @@ BAD_PARAMS: list[tuple[dict[str, Any], str]] = [
     ({"top_k": -1}, "top_k"), ({"min_p": 2.0}, "min_p"), ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"min_new_tokens": -1}, "min_new_tokens"), ({"logit_bias": {-1: 1.0}}, "logit_bias"),
     ({"logit_bias": {5: 500.0}}, "logit_bias"), ({"stop": [None]}, "stop"), ({"regex": ""}, "regex"), ({"json_schema": "{"}, "json_schema"),
+    ({"regex": "a\ud800"}, "regex"), ({"grammar": "start: \"\ud800\""}, "grammar"),
 ]
 
 
@@ -57,6 +59,8 @@ def test_every_sampling_check_raises_with_its_field(kwargs: dict[str, Any], fiel
     ("x", SamplingParams(stop=[999]), "stop", "stop entries must be token ids in [0, 257)"),
     ("x", SamplingParams(n=2), "listener", "takes no listener"),
     (5, SamplingParams(), "prompt", "prompt must be"),
+    ([10**30], SamplingParams(), "prompt", "prompt"),
+    (np.array([1.5, 2.0]), SamplingParams(), "prompt", "prompt"),
 ])
 def test_the_models_validation_raises_with_the_field(lm: LanguageModel, prompt: Any, params: SamplingParams,
                                                      field: str, words: str) -> None:
@@ -138,3 +142,12 @@ def test_submit_samples_validates_once_and_binds_nothing_on_a_refusal(lm: Langua
         lm.serving_context.request("x", SamplingParams(n=2), listeners=[Collect()])
     assert info.value.field == "listeners"
     assert lm.pool.bound_request_count == 0 and lm.serving_loop.num_waiting == 0
+
+
+def test_the_servers_sample_limit_is_the_requests() -> None:
+    from smile_llm.server.settings import MAX_N, ServerSettings
+    from smile_llm.serving.request import MAX_SAMPLES
+
+    assert MAX_N == MAX_SAMPLES and ServerSettings(max_n=MAX_N).max_n == MAX_N
+    with pytest.raises(ValueError, match="max_n must be at most 128"):
+        ServerSettings(max_n=MAX_N + 1)
