@@ -46,7 +46,7 @@ SOURCES = ["textwrap", "heapq", "bisect", "shlex", "fnmatch", "string", "glob", 
 QUESTIONS = ["\n# Q: which function above wraps text?\ndef ", "\n# write a helper that uses the code above\ndef ",
              "\n# tests for the functions above\nimport unittest\n\nclass ", "\n# usage example\nif __name__ == ",
              "\n# a faster version of the first function\ndef ", "\n# explain the second function\n# ",
-             "\n# refactor: merge the modules above\nimport ", "\n# TODO: handle the empty case\ndef "]
+             "\n# refactor: merge the modules above\nimport ", "\n# handle the empty case too\ndef "]
 
 
 def documents(count: int, tokens: int) -> list[str]:

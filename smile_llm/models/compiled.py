@@ -11,7 +11,10 @@ mixture of experts, which runs only the experts its tokens picked). They run on 
 context, so the pool, the attention plans, the state pool and the CUDA-graph buffers work as in
 eager mode. The ops find that context through ``running``, a context variable the forward sets for
 exactly its own duration on its own thread; the compiled code sees only a ``TracedContext``
-holding the RoPE tables.
+holding the RoPE tables. An ``outside`` block is named in the graph by its position among the
+layers' outside blocks, the same in every model of the structure, and looked up in the running
+model's own list: a graph traced for one model runs another model's blocks on that model's
+weights and state.
 
 The batch and token dimensions are dynamic, so a handful of variants (torch specialises a
 dimension of size 1: one row or more, one token or more) serve every prefill, decode and verify
@@ -25,11 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
 import threading
 import time
 import types
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,21 +43,23 @@ from .forward_context import LayerContext
 
 _CONTEXT: contextvars.ContextVar[LayerContext | None] = contextvars.ContextVar(
     "smile_llm_forward_context", default=None)
+# the running model's outside blocks, in the order of ``_outside_blocks``
+_BLOCKS: contextvars.ContextVar[tuple[nn.Module, ...]] = contextvars.ContextVar(
+    "smile_llm_outside_blocks", default=())
 _REGISTER_LOCK = threading.Lock()
 _REGISTERED = False
-# the blocks ``outside`` runs, by key (weakly: a closed model's blocks go with it)
-_OUTSIDE: weakref.WeakValueDictionary[int, nn.Module] = weakref.WeakValueDictionary()
-_KEYS = itertools.count()
+_INDEX = "_smile_outside_index"  # a block's position among its layers' outside blocks
 
 
 @contextlib.contextmanager
-def running(ctx: LayerContext) -> Iterator[None]:
-    """Make ``ctx`` the context the custom ops of a compiled forward run, for the block's duration
-    (this thread and task only)."""
-    token = _CONTEXT.set(ctx)
+def running(ctx: LayerContext, blocks: tuple[nn.Module, ...] = ()) -> Iterator[None]:
+    """Make ``ctx`` the context the custom ops of a compiled forward run, and ``blocks`` the
+    model's outside blocks, for the block's duration (this thread and task only)."""
+    token, blocks_token = _CONTEXT.set(ctx), _BLOCKS.set(blocks)
     try:
         yield
     finally:
+        _BLOCKS.reset(blocks_token)
         _CONTEXT.reset(token)
 
 
@@ -75,18 +78,10 @@ def outside(module: nn.Module, x: torch.Tensor, ctx: LayerContext,
     the graph cannot trace (it depends on the data, or advances per-request state)."""
     if not isinstance(ctx, TracedContext):
         return module.forward(x, ctx) if with_context else module.forward(x)
-    key = getattr(module, "_smile_outside_key", None)
-    if key is None:
+    index = getattr(module, _INDEX, None)
+    if index is None:
         raise RuntimeError(f"{type(module).__name__} is not registered to run outside the graph")
-    return torch.ops.smile.outside(x, key, with_context)
-
-
-def _register_outside(module: nn.Module) -> None:
-    with _REGISTER_LOCK:
-        if getattr(module, "_smile_outside_key", None) is None:
-            key = next(_KEYS)
-            _OUTSIDE[key] = module
-            object.__setattr__(module, "_smile_outside_key", key)
+    return torch.ops.smile.outside(x, index, with_context)
 
 
 def register_ops() -> None:
@@ -118,16 +113,15 @@ def register_ops() -> None:
             return torch.empty_like(x)
 
         @torch.library.custom_op("smile::outside", mutates_args=())
-        def run_outside(x: torch.Tensor, key: int, with_context: bool) -> torch.Tensor:
-            """The registered block ``key`` over ``x`` on the running forward (see ``outside``)."""
-            module = _OUTSIDE.get(key)
-            if module is None:
-                raise RuntimeError("a compiled graph called a block of a model that was closed")
+        def run_outside(x: torch.Tensor, index: int, with_context: bool) -> torch.Tensor:
+            """The running model's outside block ``index`` over ``x`` on the running forward (see
+            ``outside``)."""
+            module = _BLOCKS.get()[index]
             out = module.forward(x, _current()) if with_context else module.forward(x)
             return out.contiguous()
 
         @run_outside.register_fake
-        def _(x: torch.Tensor, key: int, with_context: bool) -> torch.Tensor:
+        def _(x: torch.Tensor, index: int, with_context: bool) -> torch.Tensor:
             return torch.empty_like(x)
 
         _REGISTERED = True
@@ -196,8 +190,9 @@ class CompiledLayers:
 
     def __init__(self, layers: nn.ModuleList, backend: str = "inductor") -> None:
         register_ops()
-        for block in _outside_blocks(layers):
-            _register_outside(block)
+        self.blocks = tuple(_outside_blocks(layers))
+        for index, block in enumerate(self.blocks):  # the same positions in every model of it
+            object.__setattr__(block, _INDEX, index)
         self.layers = layers
         self.stats = CompileStats()
         self._fn, self._code = _function_for(layers, backend)
@@ -221,7 +216,7 @@ class CompiledLayers:
         t0 = time.perf_counter()
         # size-oblivious: a batch of one row shares the graph of more rows
         oblivious = _fx_config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
-        with running(ctx), oblivious:
+        with running(ctx, self.blocks), oblivious:
             out = self._fn(list(self.layers), x, traced)
         made = _variants(self._code) - before
         if made > 0:  # this call traced and compiled (or loaded from inductor's cache)

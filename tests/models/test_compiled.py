@@ -10,7 +10,8 @@
 - Few variants whatever the windows: prefills of 1 to 40 tokens in batches of 1 to 4, decode steps, verify windows
   of every draft count and prefix hits make at most two variants of the layers (a window of one token, or of more;
   the hybrid layers four: one row or more as well); more would be a recompile storm.
-- Two models of one structure share the compiled function and each computes with its own weights.
+- Two models of one structure share the compiled function and each computes with its own weights, dense and hybrid
+  (each model's DeltaNet mixers run, on its own state).
 - A second process takes the compiled code from inductor's on-disk cache: no inductor compile the second time.
 """
 
@@ -158,6 +159,27 @@ def test_two_models_of_one_structure_share_the_function_and_keep_their_weights(z
         assert a.transformer.compiled._code is b.transformer.compiled._code
         for hf, lm in ((a_hf, a), (b_hf, b)):
             assert lm.generate(LONG_PROMPT, GEN_LEN).tokens == expected_greedy(hf, LONG_PROMPT, GEN_LEN)[0]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_two_hybrid_models_of_one_structure_each_run_their_own_outside_blocks(hybrid_zoo, tmp_path):  # noqa: F811
+    """A graph traced for one hybrid model calls the DeltaNet mixers of whichever model runs it: two checkpoints of
+    one structure and other weights each give their own transformers' tokens, also after the first is closed (the
+    blocks were once keyed per model, and the second model ran the first's mixers, then failed once it closed)."""
+    from tests.models.hybrid_models import build_hybrid_model
+
+    a_hf = hybrid_zoo("qwen3_5")
+    b_hf = build_hybrid_model("qwen3_5", tmp_path / "other", seed=4321)
+    a = a_hf.load(page_size=4, max_seq_len=128, max_batch_size=2, drafter=None, compile=True)
+    b = b_hf.load(page_size=4, max_seq_len=128, max_batch_size=2, drafter=None, compile=True)
+    try:
+        assert a.transformer.compiled._code is b.transformer.compiled._code
+        for hf, lm in ((a_hf, a), (b_hf, b)):
+            assert lm.generate(HYBRID_PROMPT, 10).tokens == expected_greedy(hf, HYBRID_PROMPT, 10)[0]
+        a.close()
+        assert b.generate(HYBRID_PROMPT, 10).tokens == expected_greedy(b_hf, HYBRID_PROMPT, 10)[0]
     finally:
         a.close()
         b.close()
