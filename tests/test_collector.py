@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 from typing import Any
 
 from smile_llm.collector import collecting
@@ -40,3 +42,17 @@ def test_every_callback_sees_the_collector_running_and_each_is_called_once_per_p
         gc.callbacks.remove(back)
         if enabled:
             gc.enable()
+
+
+def test_a_second_copy_of_the_module_shares_the_flag_and_collections_end() -> None:
+    """A reloaded module (or one loaded under another name) finds the callbacks already registered and shares their
+    flag: one start and one stop marker stay, and a collection ends (two pairs would hand over to each other for
+    ever). In a subprocess, bounded, so a regression cannot hang the suite."""
+    script = ("import gc, importlib, smile_llm.collector as c\n"
+              "importlib.reload(c)\n"
+              "for _ in range(3): gc.collect()\n"
+              "marked = [x for x in gc.callbacks if hasattr(x, c.MARK)]\n"
+              "print(len(marked), c.collecting())\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "False"]

@@ -33,6 +33,7 @@ with one new system prompt computes it once.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,8 @@ from .kv_fingerprint_log import KvEndHook, hook_from_env
 
 if TYPE_CHECKING:
     from .context import ServingContext
+
+LOGGER = logging.getLogger(__name__)
 
 SHARE_MIN_TOKENS = 32  # a shared uncached run this long is worth waiting one prefill for
 ADMIT_DECODE_TOKENS = 64  # decode positions bound with the prompt at admission
@@ -221,8 +224,9 @@ class Scheduler:
                 left = len(seq.prompt) - seq.prefilled
                 if budget <= 0:
                     continue
-                # prefilled below, with the others like it
-                if left <= min(budget, BATCHED_PREFILL_TOKENS):
+                # prefilled below, with the others like it (a row that splices segments alone: a
+                # segment it cannot use fails that row only)
+                if left <= min(budget, BATCHED_PREFILL_TOKENS) and not seq.splices:
                     whole.append(seq)
                     budget -= left
                     continue
@@ -372,7 +376,10 @@ class Scheduler:
                 runner.policy.forget(seq)
             pool = self.context.pool
             if self.kv_end_hook is not None and seq.offload is None:
-                self.kv_end_hook(pool, seq)  # never raises
+                try:  # an observer: its failure must not keep the row bound or its waiter waiting
+                    self.kv_end_hook(pool, seq)
+                except Exception:  # noqa: BLE001 - logged; the request ends as it would have
+                    LOGGER.exception("the KV end hook failed for request %d", seq.request_id)
             if insert and seq.offload is None:
                 pool.finish_request(seq.request_id, seq.cacheable(seq.prompt + seq.tokens))
             else:

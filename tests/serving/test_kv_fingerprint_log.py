@@ -99,3 +99,23 @@ def test_a_failing_fingerprint_is_logged_and_the_request_still_ends(lm: Language
     assert lm.pool.bound_request_count == 0
     failures = [r for r in caplog.records if r.name == LOGGER.name and r.levelno == logging.ERROR]
     assert len(failures) == 1 and "boom" in (failures[0].exc_text or "")
+
+
+def test_a_raising_end_hook_leaves_the_request_released_and_the_loop_serving(lm: LanguageModel, caplog) -> None:
+    """The scheduler calls its KV end hook as an observer: a hook that raises is logged, the request still ends with
+    its completion and its pages released, and the next request is served."""
+    loop = ServingLoop(lm.serving_context)
+
+    def raising(pool, seq):
+        raise RuntimeError("hook broke")
+
+    loop.scheduler.kv_end_hook = raising
+    with caplog.at_level(logging.ERROR, logger="smile_llm.serving.scheduler"):
+        ctx = loop.scheduler.context
+        handle = loop.submit(ctx.request(PROMPT, SamplingParams(max_new_tokens=3, speculative_tokens=0)))
+        assert len(handle.result(timeout=60).tokens) == 3
+    assert lm.pool.bound_request_count == 0
+    assert any("hook broke" in (r.exc_text or "") for r in caplog.records)
+    loop.scheduler.kv_end_hook = None
+    second = loop.submit(ctx.request(PROMPT, SamplingParams(max_new_tokens=3, speculative_tokens=0)))
+    assert second.result(timeout=60).tokens == handle.result(0).tokens

@@ -215,10 +215,13 @@ def test_refusals_bind_nothing_and_leave_the_pool_unchanged(lm, docs) -> None:
         assert pool.state_digest() == digest
         # released while a request that names it waits: that request fails alone, everything released
         c = other.register_segment(DOC_B)
+        solo = other.generate(QUESTION, NEW).tokens
         handle = other.submit(QUESTION, SamplingParams(max_new_tokens=NEW, segments=["#\n", c]))
+        plain = other.submit(QUESTION, SamplingParams(max_new_tokens=NEW))  # prefilled in the same step
         other.release_segment(c)
         with pytest.raises(SegmentError, match="was released"):
-            handle.result()
+            handle.result(timeout=60)
+        assert plain.result(timeout=60).tokens == solo
         with pytest.raises(SegmentError, match="was released"):
             other.generate(QUESTION, NEW, segments=[c])
         other.release_segment(foreign)
