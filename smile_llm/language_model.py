@@ -25,7 +25,7 @@ from .cache import KvCachePool
 from .distributed.group import TensorParallel
 from .models.checkpoint.config import ModelConfig
 from .sampling.grammar_compiler import GrammarCompiler
-from .serving.model_pools import allocate_pools
+from .serving.model_pools import allocate_pools, kv_storage
 from .serving.model_runner import ModelRunner
 from .serving.parallel_ranks import follow_leader, join_lockstep, lockstep_pools
 from .speculative.draft_policy import DraftPolicy
@@ -155,10 +155,11 @@ class LanguageModel:
         if (isinstance(tensor_parallel, int) and not isinstance(tensor_parallel, bool)
                 and tensor_parallel > 1):
             check_shardable(config, tensor_parallel)  # before joining any process group
+        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        formats = kv_storage(config, kv_dtype, kv_scales, dtype, page_size)  # on every rank alike
         # this rank's tensor-parallel group and pipeline stage (the whole model on one stage)
         tp, stage = init_stage(config, tensor_parallel, pipeline_parallel, device, drafter)
         local = local_config(config, tp)
-        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
         hybrid = config.is_hybrid
         for note in config.notes:
             warnings.warn(note, stacklevel=2)
@@ -176,7 +177,7 @@ class LanguageModel:
         seq = max_seq_len or min(config.max_position_embeddings, 4096)
         pool = allocate_pools(config, local, stage, device, dtype, max_batch_size=max_batch_size,
                               max_seq_len=seq, page_size=page_size, mem_fraction=mem_fraction,
-                              kv_dtype=kv_dtype, kv_scales=kv_scales,
+                              formats=formats, kv_scales=kv_scales,
                               state_snapshots=state_snapshots)
         # per model: the reference (one warning naming the reason) where FlashInfer's kernels cannot
         # serve it
@@ -385,6 +386,8 @@ class LanguageModel:
         ``as_listener``), and queue the samples together;
         returns their ``SampleGroup`` at once: one handle per sample, in order, for any count.
         Validated once for all samples, with ``submit``'s errors. Safe from any thread."""
+        if not listeners:
+            raise RequestError("listeners: give one per sample, at least one", field="listeners")
         params = replace(params or SamplingParams(), n=len(listeners))
         request = self.serving_context.request(prompt, params, cancel=cancel, listeners=listeners)
         queued = self.serving_loop.submit(request)

@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 
 from .access_log import RequestLog
 from .bodies import read_body
-from ..errors import PromptTooLongError
+from ..errors import ChatTemplateError, PromptTooLongError, RequestError
 from .errors import ApiError, from_model_error
 from .events import EventStream, stream
 from .generation import Generation
@@ -258,10 +258,12 @@ def _message(m: Any, index: int) -> dict[str, Any]:
 
 
 def _encode(encode: Any, field: str) -> list[int]:
-    """``encode()`` as a list of ids; the model's ValueError as a 400 naming ``field``."""
+    """``encode()`` as a list of ids; the model's request error (an empty prompt, an id outside the
+    vocabulary, a chat template that refuses the conversation or runs over its budget) as a 400
+    naming ``field``; anything else goes on to be the server's own failure."""
     try:
         return list(encode())
-    except ValueError as exc:
+    except (RequestError, ChatTemplateError) as exc:
         raise ApiError(400, str(exc), param=field) from None
 
 

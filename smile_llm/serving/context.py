@@ -74,21 +74,28 @@ class ServingContext:
                                f"[0, {self.vocab_size})", field=name)
         return arr.tolist()
 
-    def encode(self, prompt: str | Sequence[int]) -> list[int]:
+    def encode(self, prompt: str | Sequence[int], name: str = "prompt") -> list[int]:
         """Token ids of ``prompt`` (text through the tokenizer, or ids checked against the
-        vocabulary). ValueError for an empty prompt or an id outside the vocabulary."""
-        ids = self.token_ids(self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt,
-                             "prompt")
+        vocabulary). ``RequestError`` (field ``name``) for an empty prompt, text that is not valid
+        Unicode (a lone surrogate) or an id outside the vocabulary."""
+        if isinstance(prompt, str):
+            try:
+                values: object = self.tokenizer.encode(prompt)
+            except UnicodeError as exc:
+                raise RequestError(f"{name} is not valid Unicode text: {exc}", field=name) from None
+        else:
+            values = prompt
+        ids = self.token_ids(values, name)
         if not ids:
-            raise RequestError("the prompt is empty; give at least one token", field="prompt")
+            raise RequestError(f"the {name} is empty; give at least one token", field=name)
         return ids
 
     def segment_tokens(self, segment: str | Sequence[int]) -> list[int]:
-        """The ids of a segment to register (``encode``): ValueError for an empty one or one that
-        leaves no room for a prompt token after it within ``max_seq_len``; RequestTypeError for a
-        value that is no prompt (``check_prompt``)."""
+        """The ids of a segment to register (``encode``): ``RequestError`` (field ``segment``) for
+        an empty one or one that leaves no room for a prompt token after it within
+        ``max_seq_len``; RequestTypeError for a value that is no prompt (``check_prompt``)."""
         check_prompt(segment, "segment")
-        ids = self.encode(segment)
+        ids = self.encode(segment, "segment")
         if len(ids) >= self.max_seq_len:
             raise RequestError(f"segment of {len(ids)} tokens leaves no room for a prompt token "
                                f"within max_seq_len {self.max_seq_len}; shorten it",

@@ -9,33 +9,44 @@ from typing import Any
 import torch
 
 from ..cache import KvCacheLayout, KvCachePool, StatePool
-from ..cache.kv_dtype import kv_formats
+from ..cache.kv_dtype import LayerFormats, kv_formats
 from ..models.checkpoint.config import ModelConfig
 from ..models.checkpoint.hybrid_config import FULL_ATTENTION
 from ..models.stages import PipelineStage
 from ..models.state_step import state_specs
 
 
-def allocate_pools(config: ModelConfig, local: ModelConfig, stage: PipelineStage,
-                   device: torch.device, dtype: torch.dtype, *, max_batch_size: int,
-                   max_seq_len: int, page_size: int, mem_fraction: float | None, kv_dtype: Any,
-                   kv_scales: tuple[float, float] | None,
-                   state_snapshots: int | None) -> KvCachePool:
-    """This rank's KV pool for ``max_batch_size`` rows of ``max_seq_len`` tokens: its stage's
-    attention layers and this rank's KV heads (``local``), ``kv_dtype`` per layer and side (default
-    ``dtype``; ``kv_formats``), ``kv_scales`` for FP8, sized from ``mem_fraction`` (default 0.85)
-    of the free memory after the DeltaNet state pool of a hybrid model (Smile's order; its
-    ``state_snapshots`` prefix snapshots, default ``2 * max_batch_size``, attached to the pool).
-    With more than one rank, every rank's pool takes the smallest rank's size. ValueError before
-    anything is allocated for a packed format the geometry does not fit, or scales without FP8."""
+def kv_storage(config: ModelConfig, kv_dtype: Any, kv_scales: tuple[float, float] | None,
+               dtype: torch.dtype, page_size: int) -> tuple[LayerFormats, ...]:
+    """The KV formats of every attention layer of the model (``kv_formats``: ``kv_dtype`` per
+    layer and side, default ``dtype``), checked for the whole model before any rank joins a process
+    group, so that every rank refuses alike: ValueError for a packed format the geometry does not
+    fit, or ``kv_scales`` without an FP8 layer."""
     kv_layers = sum(1 for t in config.layer_types if t == FULL_ATTENTION)
-    layout = KvCacheLayout(len(stage.kv_layers), local.num_key_value_heads, config.head_dim,
-                           max_batch_size, max_seq_len)
-    formats = kv_formats(kv_dtype, kv_layers, dtype)[stage.kv_layers.start:stage.kv_layers.stop]
-    layout.layer_page_bytes(formats, page_size)  # a packed format that does not fit: here
+    formats = kv_formats(kv_dtype, kv_layers, dtype)
+    KvCacheLayout(kv_layers, config.num_key_value_heads, config.head_dim, 1,
+                  page_size).layer_page_bytes(formats, page_size)
     if kv_scales is not None and not any(f.k.fp8 or f.v.fp8 for f in formats):
         raise ValueError(f"kv_scales apply to FP8 KV only; kv_dtype is "
                          f"{', '.join(map(str, formats))}")
+    return formats
+
+
+def allocate_pools(config: ModelConfig, local: ModelConfig, stage: PipelineStage,
+                   device: torch.device, dtype: torch.dtype, *, max_batch_size: int,
+                   max_seq_len: int, page_size: int, mem_fraction: float | None,
+                   formats: tuple[LayerFormats, ...], kv_scales: tuple[float, float] | None,
+                   state_snapshots: int | None) -> KvCachePool:
+    """This rank's KV pool for ``max_batch_size`` rows of ``max_seq_len`` tokens: its stage's
+    attention layers and this rank's KV heads (``local``), stored as ``formats`` (``kv_storage``:
+    every attention layer's; this stage takes its own), ``kv_scales`` where the stage has FP8
+    layers, sized from ``mem_fraction`` (default 0.85) of the free memory after the DeltaNet state
+    pool of a hybrid model (Smile's order; its ``state_snapshots`` prefix snapshots, default
+    ``2 * max_batch_size``, attached to the pool). With more than one rank, every rank's pool takes
+    the smallest rank's size."""
+    layout = KvCacheLayout(len(stage.kv_layers), local.num_key_value_heads, config.head_dim,
+                           max_batch_size, max_seq_len)
+    formats = formats[stage.kv_layers.start:stage.kv_layers.stop]
     snapshots = 2 * max_batch_size if state_snapshots is None else state_snapshots
     states = (StatePool(state_specs(local, dtype, len(stage.linear_layers)), max_batch_size,
                         device, snapshots) if config.is_hybrid else None)
@@ -49,7 +60,7 @@ def allocate_pools(config: ModelConfig, local: ModelConfig, stage: PipelineStage
             pool.close()
             pool = KvCachePool(layout.num_layers, slots, layout.num_kv_heads, layout.head_dim,
                                page_size, device, dtype, **options)
-    if kv_scales is not None:
+    if kv_scales is not None and any(f.k.fp8 or f.v.fp8 for f in formats):
         pool.set_kv_scales(*kv_scales)
     if states is not None:  # a prefix hit then ends at a node with a state snapshot, restored
         pool.attach_state(states)

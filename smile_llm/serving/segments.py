@@ -210,25 +210,27 @@ class SegmentRegistry:
             self._live[segment.segment_id] = segment
         return segment
 
-    def check(self, segment: Any, name: str = "segment") -> Segment:
+    def check(self, segment: Any, name: str = "segment", field: str | None = None) -> Segment:
         """``segment`` if it is registered here and its binding is intact; SegmentError naming
-        ``name`` otherwise (not a Segment, another model's, released, or its binding unbound by
-        ``unbind_requests`` or an exclusive bind on the pool)."""
+        ``name`` in its message and ``field`` (default ``name``) as its field otherwise (not a
+        Segment, another model's, released, or its binding unbound by ``unbind_requests`` or an
+        exclusive bind on the pool)."""
+        field = name if field is None else field
         if not isinstance(segment, Segment):
             raise SegmentError(f"{name} must be a Segment from register_segment, got "
-                               f"{type(segment).__name__}", field=name)
+                               f"{type(segment).__name__}", field=field)
         if segment.owner is not self:
             raise SegmentError(f"{name}: segment {segment.segment_id} was registered with another "
-                               f"model; register it with this one", field=name)
+                               f"model; register it with this one", field=field)
         with self._lock:
             live = self._live.get(segment.segment_id) is segment
         if not live:
             raise SegmentError(f"{name}: segment {segment.segment_id} was released; register it "
-                               f"again", field=name)
+                               f"again", field=field)
         if not self.pool.is_bound(segment.binding):
             raise SegmentError(f"{name}: segment {segment.segment_id} lost its KV (its binding "
                                f"{segment.binding} was unbound directly in the pool); release it "
-                               f"and register it again", field=name)
+                               f"and register it again", field=field)
         return segment
 
     def release(self, segment: Any) -> bool:
@@ -277,7 +279,7 @@ class SegmentRegistry:
         returns the tokens written.
         SegmentError when the segment was released since the request was made."""
         sp = row.splices.pop(0)
-        segment = self.check(sp.segment, f"the segment at position {sp.offset}")
+        segment = self.check(sp.segment, f"the segment at position {sp.offset}", "segments")
         skip = row.prefilled - sp.offset
         assert 0 <= skip < segment.length, "a splice that is not due"
         written = self.pool.splice_kv(row.request_id, row.prefilled, segment.binding, skip,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import logging
 import threading
 import time
 import weakref
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 IDLE_WAIT_S = 0.5  # how long an idle background driver sleeps between checks for work
+LOGGER = logging.getLogger(__name__)
 EXIT_WAIT_S = 10.0  # at interpreter exit: the longest wait for the current step to end
 
 # every serving loop, for the release at interpreter exit
@@ -136,7 +138,11 @@ class ServingLoop:
                 self._stepping = None
                 after, self._after_step = self._after_step, []
                 for fn in after:
-                    fn()
+                    try:
+                        fn()
+                    except Exception:  # noqa: BLE001 - one deferred call must not skip the
+                        # others (a stream waiting on its publication) or stop the driving thread
+                        LOGGER.exception("a call deferred to the end of a step failed")
         if self.scheduler.ended != ended:
             with self._cv:
                 self._cv.notify_all()  # waiters whose request ended
@@ -150,7 +156,8 @@ class ServingLoop:
         return self._stepping == threading.get_ident()
 
     def defer(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` once the current step has ended (call from inside a step only)."""
+        """Run ``fn`` once the current step has ended (call from inside a step only); what it
+        raises is logged, and the other deferred calls still run."""
         self._after_step.append(fn)
 
     def _has_work(self) -> bool:

@@ -30,6 +30,12 @@ def test_bfloat16_kv_and_bad_values() -> None:
         LanguageModel.default(max_seq_len=64, kv_dtype="int5")
     with pytest.raises(ValueError, match="kv_scales apply to FP8 KV only"):
         LanguageModel.default(max_seq_len=64, kv_scales=(2.0, 2.0))
+    # checked for the whole model before a rank joins any process group: every rank refuses alike (here no
+    # torchrun job exists, so reaching the join would be another error)
+    with pytest.raises(ValueError, match="kv_scales apply to FP8 KV only"):
+        LanguageModel.default(max_seq_len=64, kv_scales=(2.0, 2.0), pipeline_parallel=2)
+    with pytest.raises(ValueError, match="page_size"):
+        LanguageModel.default(max_seq_len=64, kv_dtype="int4", page_size=5, pipeline_parallel=2)
 
 
 SYSTEM = "# A small utility module.\nimport os\nimport sys\n\n\n"

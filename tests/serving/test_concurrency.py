@@ -350,3 +350,26 @@ def test_run_between_steps_runs_while_no_step_does(lm, solo):
         holder.join(60)
     assert not holder.is_alive()
     assert_no_leak(lm)
+
+
+def test_a_raising_deferred_call_is_logged_and_the_others_still_run(lm, caplog):
+    """Calls deferred to a step's end (the server's stream publications) run whatever one of them raises: the
+    others run, the driving thread goes on serving, the request completes."""
+    ran: list[str] = []
+
+    class Deferring:
+        def __init__(self) -> None:
+            self.deferred = False
+
+        def on_token(self, token_id: int) -> None:
+            if not self.deferred:
+                self.deferred = True
+                lm.serving_loop.defer(lambda: (_ for _ in ()).throw(RuntimeError("deferred broke")))
+                lm.serving_loop.defer(lambda: ran.append("second"))
+
+    with caplog.at_level("ERROR", logger="smile_llm.serving.serving_loop"):
+        out = lm.submit(PROMPTS[0], SamplingParams(NEW), listener=Deferring()).result(timeout=60)
+    assert len(out.tokens) == NEW and ran == ["second"]
+    assert any("deferred broke" in (r.exc_text or "") for r in caplog.records)
+    assert lm.generate(PROMPTS[1], NEW).tokens
+    assert_no_leak(lm)

@@ -104,4 +104,3 @@ def test_bad_input_raises_a_typed_error(lm: LanguageModel, args, kwargs, exc, ma
 def test_a_model_without_a_serving_loop_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="LanguageModel or a ServingLoop"):
         kv_diff(object(), PROMPT)  # type: ignore[arg-type]
-    assert torch.get_num_threads() >= 1

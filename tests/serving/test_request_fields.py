@@ -61,6 +61,7 @@ def test_every_sampling_check_raises_with_its_field(kwargs: dict[str, Any], fiel
     (5, SamplingParams(), "prompt", "prompt must be"),
     ([10**30], SamplingParams(), "prompt", "prompt"),
     (np.array([1.5, 2.0]), SamplingParams(), "prompt", "prompt"),
+    ("a\ud800b", SamplingParams(), "prompt", "prompt is not valid Unicode"),
 ])
 def test_the_models_validation_raises_with_the_field(lm: LanguageModel, prompt: Any, params: SamplingParams,
                                                      field: str, words: str) -> None:
@@ -134,7 +135,22 @@ def test_submit_samples_gives_each_sample_its_listener_and_equals_generate_n(lm:
     assert isinstance(one, SampleGroup) and len(one.handles) == 1 and one.result(timeout=60)[0].tokens
 
 
-def test_submit_samples_validates_once_and_binds_nothing_on_a_refusal(lm: LanguageModel) -> None:
+def test_submit_samples_validates_once_and_binds_nothing_on_a_refusal(lm: LanguageModel,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    validate = type(lm.serving_context).request
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("listeners") is not None)
+        return validate(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(lm.serving_context), "request", counted)
+    lm.submit_samples("x", SamplingParams(max_new_tokens=2), [Collect() for _ in range(4)]).result(timeout=60)
+    assert calls == [True]  # one validation for the four samples
+    monkeypatch.undo()
+    with pytest.raises(RequestError) as info:
+        lm.submit_samples("x", SamplingParams(), [])
+    assert info.value.field == "listeners"
     with pytest.raises(RequestError) as info:
         lm.submit_samples("", SamplingParams(max_new_tokens=4), [Collect(), Collect()])
     assert info.value.field == "prompt"
@@ -151,3 +167,20 @@ def test_the_servers_sample_limit_is_the_requests() -> None:
     assert MAX_N == MAX_SAMPLES and ServerSettings(max_n=MAX_N).max_n == MAX_N
     with pytest.raises(ValueError, match="max_n must be at most 128"):
         ServerSettings(max_n=MAX_N + 1)
+
+
+def test_segment_errors_name_the_segment_fields(lm: LanguageModel) -> None:
+    for bad in ("", [999]):
+        with pytest.raises(RequestError) as info:
+            lm.register_segment(bad)
+        assert info.value.field == "segment", info.value
+    segment = lm.register_segment("def f():\n    return 1\n")
+    try:
+        handle = lm.submit("x", SamplingParams(max_new_tokens=2, segments=["#\n", segment]))
+        lm.release_segment(segment)  # before its splice: it fails there, naming the request's field
+        with pytest.raises(RequestError) as info:
+            handle.result(timeout=60)
+        assert info.value.field == "segments" and "the segment at position" in str(info.value)
+    finally:
+        lm.release_segment(segment)
+    assert lm.pool.bound_request_count == 0
