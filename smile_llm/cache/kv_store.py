@@ -301,10 +301,12 @@ class KvStore:
                 side.fill_pages(pages, mode)
 
     def forget_pages(self, page_ids: np.ndarray) -> None:
-        """``page_ids`` left their holder (freed, or handed to the tree whole): give back their
-        tails; freed ones no longer hold quantized values."""
+        """``page_ids`` left their holder whole (handed to the tree): quantize what their tails
+        hold that is not quantized yet (a page a ``move_kv`` completed), then give the tails back."""
         if self.packed and len(page_ids):
-            self.tails.release(np.asarray(page_ids, dtype=np.int64))
+            ids = np.asarray(page_ids, dtype=np.int64)
+            self._repack(ids)
+            self.tails.release(ids)
 
     def free_pages(self, page_ids: np.ndarray) -> None:
         """``page_ids`` went back to the free list."""
@@ -390,9 +392,10 @@ class KvStore:
                     saved.append((side.pages_out(pages), raw, self.packed_valid[page_ids].copy()))
         return out
 
-    def tails_to_restore(self, k_saved: list[Any]) -> int:
-        """Tails a restore of ``k_saved`` (from ``copy_pages_out``) needs."""
-        for saved in k_saved:
+    def tails_to_restore(self, k_saved: list[Any], v_saved: list[Any]) -> int:
+        """Tails a restore of ``k_saved`` and ``v_saved`` (from ``copy_pages_out``) needs: a page's
+        tail serves every packed side, so the first packed side of either counts them."""
+        for saved in (*k_saved, *v_saved):
             if isinstance(saved, tuple):
                 return sum(1 for r in saved[1] if r is not None)
         return 0

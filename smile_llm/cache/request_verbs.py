@@ -356,7 +356,7 @@ class RequestVerbs:
                 f"restore of request {b.request_id} needs {handle.num_private_pages} pages, have "
                 f"{self._exhausted_detail()}; finish or offload other requests")
         self._states_fit(1, [], f"restore of request {b.request_id}")
-        tails = self._binder.kv.tails_to_restore(handle.k_raw)
+        tails = self._binder.kv.tails_to_restore(handle.k_raw, handle.v_raw)
         if tails > self._binder.kv.tails.free_tails:
             raise KvCacheExhaustedError(
                 f"restore of request {b.request_id} needs {tails} tails (raw pages of a packed "

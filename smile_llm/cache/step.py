@@ -217,6 +217,7 @@ class ActiveStep:
         ``length`` is cut inside and keeps no raw values."""
         if not kv.packed:
             return
+        length = np.maximum(length, self.matched)  # the prefix tree's pages are never rewritten
         ps = self.page_size
         inside = length % ps != 0
         kv.check_rewritable(self._slots_at(length[inside], np.flatnonzero(inside)), what)

@@ -227,3 +227,57 @@ def test_the_static_budget_sizes_packed_pools_by_their_real_bytes() -> None:
     assert per_token == -(-(2 * 4 * per_page) // PS)
     assert reserved == 8 * 2 * 4 * PS * H * D * 2  # a raw bfloat16 page of every packed layer and side
     assert dense / per_token > 3.5  # bfloat16 -> nvfp4
+
+
+# ------------------------------------------------------------------------------------------------ found in review
+def _packed_pool(kv_dtype, num_tails: int) -> KvCachePool:
+    from smile_llm.cache.kv_dtype import kv_formats
+
+    return KvCachePool(1, 8 * 16, 1, 32, 16, kv_formats=kv_formats(kv_dtype, 1, torch.float32),
+                       num_tails=num_tails, compute_dtype=torch.float32)
+
+
+def _write(pool: KvCachePool, rid: int, n: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    pool.activate_step(rid)
+    kv = pool.kv_step(0, n)
+    kv.write(0, torch.randn(1, n, 1, 32, generator=g), torch.randn(1, n, 1, 32, generator=g))
+    kv.commit()
+
+
+def test_a_restore_short_of_tails_for_packed_values_changes_nothing() -> None:
+    """Dense keys, packed values: the restore counts the values' tails too, and refuses before it copies."""
+    pool = _packed_pool({"k": "float32", "v": "int4"}, num_tails=2)
+    a = pool.bind_request(list(range(20)), 32)
+    _write(pool, a, 20, 0)
+    handle = pool.offload_request(a)
+    b = pool.bind_request(list(range(100, 120)), 32)
+    _write(pool, b, 20, 1)  # takes the tails the restore would need
+    digest = pool.state_digest()
+    with pytest.raises(KvCacheExhaustedError):
+        pool.restore_request(a, handle)
+    assert pool.state_digest() == digest
+    pool.check_invariants()
+
+
+def test_sealing_below_the_cached_prefix_leaves_the_trees_pages_quantized() -> None:
+    pool = _packed_pool("int4", num_tails=4)
+    prompt = list(range(40))
+    a = pool.bind_request(prompt, 48)
+    _write(pool, a, 40, 0)
+    pool.finish_request(a, prompt)
+    b = pool.bind_request(prompt + [7], 64)
+    assert pool.matched_prefix_len(b) == 32
+    pool.activate_step(b)
+    pool.seal_length(0)
+    assert pool.kv_len(b) == 32
+    pool.check_invariants()
+
+
+def test_a_page_a_move_completed_enters_the_tree_quantized() -> None:
+    pool = _packed_pool("int4", num_tails=4)
+    rid = pool.bind_request(list(range(20)), 32)
+    _write(pool, rid, 20, 0)
+    pool.move_kv([[3]], [[5]])  # rewrites a position of the complete first page
+    pool.finish_request(rid, list(range(20)))
+    pool.check_invariants()
