@@ -65,7 +65,20 @@ def start(kind: str, folder: Path, port: int, threads: int) -> subprocess.Popen[
     else:
         cmd = [str(Path(sys.executable).parent / "transformers"), "serve", str(folder), "--continuous-batching",
                "--port", str(port), "--device", "cpu", "--log-level", "warning"]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tempfile.gettempdir())
+    # stderr to a file: a pipe nobody reads until the end would block a server that logs more than its buffer
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=tempfile.gettempdir())
+    proc.stderr_log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def stderr_tail(proc: subprocess.Popen[bytes]) -> str:
+    """The end of what a server started by ``start`` wrote to stderr."""
+    log = getattr(proc, "stderr_log", None)
+    if log is None:
+        return ""
+    log.seek(0)
+    return log.read().decode(errors="replace")[-2000:]
 
 
 def wait_ready(url: str, model: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
@@ -74,7 +87,7 @@ def wait_ready(url: str, model: str, proc: subprocess.Popen[bytes], timeout: flo
     body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"the server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+            raise RuntimeError(f"the server exited: {stderr_tail(proc)}")
         try:
             if httpx.post(url + "/v1/chat/completions", json=body, timeout=120).status_code == 200:
                 return

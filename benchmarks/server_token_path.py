@@ -189,14 +189,27 @@ def start_server(port: int, threads: int, tree: str | None) -> subprocess.Popen[
         env["PYTHONPATH"] = tree
     cmd = [sys.executable, "-m", "smile_llm", "serve", "--port", str(port), "--threads", str(threads),
            "--served-model-name", NAME, "--log-level", "warning"]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=tempfile.gettempdir())
+    # stderr to a file: a pipe nobody reads until the end would block a server that logs more than its buffer
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=tempfile.gettempdir())
+    proc.stderr_log = log  # type: ignore[attr-defined]
+    return proc
+
+
+def stderr_tail(proc: subprocess.Popen[bytes]) -> str:
+    """The end of what a server started by ``start`` wrote to stderr."""
+    log = getattr(proc, "stderr_log", None)
+    if log is None:
+        return ""
+    log.seek(0)
+    return log.read().decode(errors="replace")[-2000:]
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+            err = stderr_tail(proc)
             raise RuntimeError(f"the server exited: {err}")
         try:
             if httpx.get(url + "/health", timeout=5).status_code == 200:

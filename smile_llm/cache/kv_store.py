@@ -302,7 +302,8 @@ class KvStore:
 
     def forget_pages(self, page_ids: np.ndarray) -> None:
         """``page_ids`` left their holder whole (handed to the tree): quantize what their tails
-        hold that is not quantized yet (a page a ``move_kv`` completed), then give the tails back."""
+        hold that is not quantized yet (a page a ``move_kv`` completed), then give the tails
+        back."""
         if self.packed and len(page_ids):
             ids = np.asarray(page_ids, dtype=np.int64)
             self._repack(ids)

@@ -312,7 +312,7 @@ async def generate(state: ServerState, request: Request, body: Any, prompt: Any,
         outs = await _results(gen, request)
     finally:
         state.generations.discard(gen)
-    state.metrics.booked(gen, outs)
+    state.metrics.booked(gen)
     state.metrics.sent(sum(len(c.tokens) for c in outs))
     decode = model.decode
     payload = (chat_response(rid, name, decode, len(ids), outs, parsed) if chat else

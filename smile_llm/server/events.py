@@ -110,7 +110,7 @@ async def stream(state: ServerState, gen: Generation, rid: str, name: str, promp
             if out:
                 yield opened(out)
         outs = [h.result(0) for h in gen.handles if h.exception(0) is None]
-        state.metrics.booked(gen, outs)
+        state.metrics.booked(gen)
         tail = []
         if include_usage:
             obj = "chat.completion.chunk" if chat else "text_completion"

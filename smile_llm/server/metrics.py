@@ -76,12 +76,13 @@ class ServerMetrics:
             for mirror in self.mirrors:
                 mirror.sent(tokens)
 
-    def booked(self, generation: Any, completions: Sequence[Any]) -> None:
-        """Book the finished samples of ``generation`` (a ``Generation``): ``completed`` for
-        each, with its latencies."""
-        for i, c in enumerate(completions):
-            self.completed(c.stats, time.perf_counter() - generation.t0,
-                           *generation.latencies(i))
+    def booked(self, generation: Any) -> None:
+        """Book the samples of ``generation`` (a ``Generation``) that completed: ``completed``
+        for each, with its own latencies (a failed sample's are not booked)."""
+        for i, handle in enumerate(generation.handles):
+            if handle.done() and handle.exception(0) is None:
+                self.completed(handle.result(0).stats, time.perf_counter() - generation.t0,
+                               *generation.latencies(i))
 
     def completed(self, stats: dict[str, Any], seconds: float, ttft: float | None = None,
                   gaps: Sequence[float] = ()) -> None:

@@ -15,11 +15,12 @@ equality is wrong: see ``kv_fingerprint_diff``).
 
 Requests are greedy, without speculative drafts. Run it on an idle model: the cold request switches
 the whole pool's prefix reuse off while it runs (restored afterwards), which other requests would
-see.
+see. Concurrent calls take turns (``_RUNS``).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol
@@ -27,10 +28,13 @@ from typing import Protocol
 from ..cache import KvCachePool
 from ..cache.kv_fingerprint import KvFingerprint, LayerPages
 from ..cache.kv_fingerprint_diff import KvComparison, compare_kv, relative_tolerance
+from .kv_fingerprint_log import KvEndHook
 from .request import Request, SamplingParams
 from .request_row import RequestRow
 from .serving_loop import ServingLoop
 
+
+_RUNS = threading.RLock()  # kv_diff runs (and their requests), one at a time
 
 class HasServingLoop(Protocol):
     """What ``kv_diff`` needs of a model: its serving loop (``LanguageModel.serving_loop``)."""
@@ -112,7 +116,7 @@ def fingerprint_request(model: ServingLoop | HasServingLoop, prompt: str | Seq[i
     pool = ctx.pool
     runs: list[KvRun] = []
     errors: list[BaseException] = []
-    previous = scheduler.kv_end_hook
+    previous: KvEndHook | None = None
 
     def hook(p: KvCachePool, seq: RequestRow) -> None:
         if seq.request is request:
@@ -123,15 +127,17 @@ def fingerprint_request(model: ServingLoop | HasServingLoop, prompt: str | Seq[i
         if previous is not None:
             previous(p, seq)
 
-    reuse_before = pool.prefix_reuse_enabled
-    scheduler.kv_end_hook = hook
-    try:
-        pool.prefix_reuse_enabled = bool(reuse)
-        handle = loop.submit(request)
-        handle.result()
-    finally:
-        scheduler.kv_end_hook = previous
-        pool.prefix_reuse_enabled = reuse_before
+    with _RUNS:  # one run at a time: each swaps the scheduler's hook and the pool's reuse switch
+        previous = scheduler.kv_end_hook
+        reuse_before = pool.prefix_reuse_enabled
+        scheduler.kv_end_hook = hook
+        try:
+            pool.prefix_reuse_enabled = bool(reuse)
+            handle = loop.submit(request)
+            handle.result()
+        finally:
+            scheduler.kv_end_hook = previous
+            pool.prefix_reuse_enabled = reuse_before
     if errors:
         raise errors[0]
     if not runs:
@@ -153,6 +159,13 @@ def kv_diff(model: ServingLoop | HasServingLoop, prompt: str | Seq[int],
     relative_tolerance(ctx.pool.dtype, slack=slack)  # a bad slack raises before anything runs
     ids = ctx.encode(prompt)
     prefix_ids = ids if prefix is None else ctx.encode(prefix)
+    with _RUNS:  # the prefix, warm and cold runs of one call together
+        return _warm_and_cold(loop, ids, prefix_ids, max_new_tokens, slack)
+
+
+def _warm_and_cold(loop: ServingLoop, ids: list[int], prefix_ids: list[int], max_new_tokens: int,
+                   slack: float) -> KvDiffReport:
+    ctx = loop.scheduler.context
     fingerprint_request(loop, prefix_ids, reuse=True, max_new_tokens=1)
     warm = fingerprint_request(loop, ids, reuse=True, max_new_tokens=max_new_tokens)
     if warm.matched_len == 0:

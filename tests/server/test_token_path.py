@@ -127,3 +127,35 @@ def test_n_samples_stream_interleaved_and_every_token_is_counted(live: LiveServe
         assert got["smile_llm_inter_token_latency_seconds_count"] - \
             start["smile_llm_inter_token_latency_seconds_count"] == 69
     wait_unbound(chat_model)
+
+
+def test_the_latencies_booked_are_each_completed_samples_own() -> None:
+    """With the first of two samples failed, the second's completion is booked with the second's latencies, not
+    the first's (they were paired by position among the completed ones)."""
+    from smile_llm.server.metrics import ServerMetrics
+
+    class Handle:
+        def __init__(self, error: BaseException | None) -> None:
+            self.error = error
+
+        def done(self) -> bool:
+            return True
+
+        def exception(self, timeout: float) -> BaseException | None:
+            return self.error
+
+        def result(self, timeout: float) -> Any:
+            return type("Completion", (), {"stats": {"prompt_tokens": 3}})()
+
+    class Gen:
+        t0 = 0.0
+        handles = [Handle(RuntimeError("failed")), Handle(None)]
+
+        def latencies(self, index: int) -> tuple[float | None, list[float]]:
+            return (0.5, [0.25]) if index == 1 else (9.0, [9.0, 9.0])
+
+    metrics = ServerMetrics(type("State", (), {"model": None})())
+    seen: list[tuple[float | None, list[float]]] = []
+    metrics.completed = lambda stats, seconds, ttft=None, gaps=(): seen.append((ttft, list(gaps)))  # type: ignore
+    metrics.booked(Gen())
+    assert seen == [(0.5, [0.25])]

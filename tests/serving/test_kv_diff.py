@@ -40,6 +40,21 @@ def test_warm_and_cold_agree_on_the_shipped_model(lm: LanguageModel) -> None:
     assert lm.pool.prefix_reuse_enabled and lm.serving_loop.scheduler.kv_end_hook is hook
     assert lm.pool.bound_request_count == 0
     lm.pool.check_invariants()
+
+
+def test_concurrent_runs_take_turns_and_each_agrees(lm: LanguageModel) -> None:
+    """Each run swaps the scheduler's hook and the pool's reuse switch: runs from two threads take turns, so each
+    captures its own requests (not the other's, nor a misleading "preempted" error) and the model is left as found."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    hook = lm.serving_loop.scheduler.kv_end_hook
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        reports = [f.result(timeout=120) for f in [pool.submit(kv_diff, lm, PROMPT, PREFIX_TEXT) for _ in range(3)]]
+    # (a later call's warm request also finds the earlier calls' prompts cached)
+    assert all(r.agree and r.warm.matched_len >= 32 and r.cold.matched_len == 0 for r in reports), \
+        [r.describe() for r in reports]
+    assert lm.pool.prefix_reuse_enabled and lm.serving_loop.scheduler.kv_end_hook is hook
+    assert lm.pool.bound_request_count == 0
     # without --prefix the prompt caches itself; a ServingLoop works as well as the model
     again = kv_diff(lm.serving_loop, PROMPT)
     assert again.agree and again.warm.matched_len == (len(lm.encode(PROMPT)) - 1) // 16 * 16
