@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_env import code_version  # noqa: E402
+from bench_env import code_version, popen_server, stderr_tail  # noqa: E402
 
 NAME = "smile-bench"
 
@@ -189,20 +189,7 @@ def start_server(port: int, threads: int, tree: str | None) -> subprocess.Popen[
         env["PYTHONPATH"] = tree
     cmd = [sys.executable, "-m", "smile_llm", "serve", "--port", str(port), "--threads", str(threads),
            "--served-model-name", NAME, "--log-level", "warning"]
-    # stderr to a file: a pipe nobody reads until the end would block a server that logs more than its buffer
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, cwd=tempfile.gettempdir())
-    proc.stderr_log = log  # type: ignore[attr-defined]
-    return proc
-
-
-def stderr_tail(proc: subprocess.Popen[bytes]) -> str:
-    """The end of what a server started by ``start`` wrote to stderr."""
-    log = getattr(proc, "stderr_log", None)
-    if log is None:
-        return ""
-    log.seek(0)
-    return log.read().decode(errors="replace")[-2000:]
+    return popen_server(cmd, env)
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
