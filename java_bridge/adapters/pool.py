@@ -105,7 +105,7 @@ class KvCachePoolAdapter(GraphCalls):
 
     def dtypeForLayer(self, layer: int) -> str:  # noqa: N802
         """Java ``dtypeForLayer(int)``: the model's KV layer's storage format (``"nvfp4"``, or
-        ``"k=..., v=..."`` when its sides differ); IndexOutOfBoundsException (``LayerNotHeldError``)
+        ``"k=..., v=..."`` when its sides differ); IllegalArgumentException (``LayerNotHeldError``)
         for a layer the pool does not hold."""
         return self.pool.dtype_for_layer(int(layer))
 
