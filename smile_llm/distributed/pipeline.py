@@ -80,11 +80,6 @@ class PipelineParallel:
                                  compare=False)
 
     @property
-    def is_first(self) -> bool:
-        """The stage that embeds the tokens (rank 0's)."""
-        return self.stage == 0
-
-    @property
     def is_last(self) -> bool:
         """The stage that computes the logits and runs the MTP head."""
         return self.stage == self.num_stages - 1

@@ -136,7 +136,7 @@ class TracedContext:
     cos: torch.Tensor
     sin: torch.Tensor
     tp: bool = False
-    states: Any = None  # read by the blocks that run outside, on the real context
+    states: Any = None  # (LayerContext's field: the outside blocks read the real context's)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return torch.ops.smile.attend(q, k, v, layer)
@@ -165,9 +165,6 @@ class CompileStats:
             self.variants += variants
             self.seconds += seconds
             self.shapes.append(shape)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"compiled_variants": self.variants, "compile_seconds": round(self.seconds, 3)}
 
 
 def _outside_blocks(layers: Iterable[nn.Module]) -> Iterator[nn.Module]:
