@@ -195,11 +195,16 @@ def _generate_stoppable(lm: Any, prompt: Any, max_new_tokens: int, printer: _Pri
             raise CommandError(str(exc)) from None
 
 
+def _unescape(text: str) -> str:
+    """``\\n`` and ``\\t`` escapes expanded (the shell passes them literally)."""
+    return text.replace("\\n", "\n").replace("\\t", "\t")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     """``smile-llm generate``: stream a completion of ``--prompt`` (``\\n`` and ``\\t`` escapes
     expanded) to stdout and print its finish reason and stats. Returns 0, or 130 when Ctrl-C stopped
     it; CommandError for bad input."""
-    prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t")  # the shell passes \n literally
+    prompt = _unescape(args.prompt)
 
     def run(lm: Any) -> int:
         printer = _Printer()
@@ -312,12 +317,10 @@ def cmd_kv_diff(args: argparse.Namespace) -> int:
     CommandError for bad input (a prefix the warm request does not reuse included)."""
     from .serving.kv_diff import kv_diff
 
-    def unescape(text: str | None) -> str | None:
-        return None if text is None else text.replace("\\n", "\n").replace("\\t", "\t")
-
     def run(lm: Any) -> int:
         try:
-            report = kv_diff(lm, unescape(args.prompt) or "", unescape(args.prefix),
+            prefix = None if args.prefix is None else _unescape(args.prefix)
+            report = kv_diff(lm, _unescape(args.prompt), prefix,
                              slack=args.slack)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
